@@ -1,0 +1,66 @@
+# Shared declarations for every kernel family.
+#
+# Kernels only do arithmetic: every shape, parameter and index bound they rely
+# on was checked by cypool/_checks.py before they are called. The value type is
+# fused so that one source serves float32, float64 and the integer types.
+from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memset, memcpy
+from libc.math cimport INFINITY
+from libc.stdint cimport INT32_MIN, INT64_MIN
+from libc.stdlib cimport malloc, calloc, free
+from cython.parallel cimport prange, parallel, threadid
+
+cdef extern from "_omp_shim.h" nogil:
+    int omp_get_max_threads()
+    int omp_get_thread_num()
+    int omp_get_num_threads()
+    int CYPOOL_HAVE_OPENMP
+    int CYPOOL_OPENMP_VERSION
+
+ctypedef fused value_t:
+    float
+    double
+    int32_t
+    int64_t
+
+ctypedef fused index_t:
+    int32_t
+    int64_t
+
+ctypedef fused floating:
+    float
+    double
+
+
+cdef inline bint takes_over(value_t v, value_t m) noexcept nogil:
+    """True when candidate v replaces the running maximum m.
+
+    The rule shared by every max/argmax kernel: a strictly larger value wins
+    (so the first of equal maxima stays), NaN counts as larger than anything,
+    and once m is NaN nothing replaces it (so the first NaN stays). Written
+    with two compares and no branch so loops using it vectorise; for integer
+    types ``m == m`` folds to true.
+    """
+    return (m == m) & (not (v <= m))
+
+
+def openmp_info():
+    """(compiled with OpenMP, _OPENMP version macro, omp_get_max_threads())."""
+    return bool(CYPOOL_HAVE_OPENMP), int(CYPOOL_OPENMP_VERSION), omp_get_max_threads()
+
+
+def threads_used(int num_threads):
+    """How many threads a parallel region asked for num_threads really gets.
+
+    num_threads <= 0 means the OpenMP default (OMP_NUM_THREADS, or a
+    threadpoolctl limit). Used by the tests to check what kernels really run on.
+    """
+    cdef int[1] seen
+    cdef int* out = &seen[0]
+    seen[0] = 1
+    if num_threads <= 0:
+        num_threads = omp_get_max_threads()
+    with nogil, parallel(num_threads=num_threads):
+        if omp_get_thread_num() == 0:
+            out[0] = omp_get_num_threads()
+    return seen[0]

@@ -1,0 +1,405 @@
+# 2-D max pooling with index tracking: forward, backward (scatter-add), unpool.
+#
+# Layout: the caller reshapes (N, C, H, W) to P = N*C contiguous planes; every
+# kernel is parallel over planes, and one thread owns a whole plane, so every
+# result is deterministic. Indices are flat offsets row * W + col into a plane.
+#
+# Forward, per output row, over all its columns in one vectorised loop:
+#   * the kh input rows of the window come from the plane itself, or, where
+#     the windows reach into the padding, from a small per-thread ring of
+#     copies padded with the lowest value (-inf); rows wholly in the padding
+#     point at a shared row of lowest values;
+#   * each window starts from (lowest, code of its first valid tap) and scans
+#     every tap in row-major order with the branchless select of _pick():
+#     padding never takes over, so ties keep the first valid maximum and
+#     nothing ever points into the padding;
+#   * 2x2/stride 2 and 3x3/stride 1 or 2 keep the window in registers; any
+#     other window makes one pass per tap over the row;
+#   * a window's "code" is the int32 offset of the winning tap from the window
+#     origin, turned into the int64 (or int32) flat index at the end of the row.
+# Planes of 2**31 elements or more take the scalar window loop instead.
+
+cdef struct PoolGeom:
+    Py_ssize_t H, W, OH, OW
+    Py_ssize_t kh, kw, sh, sw, ph, pw, dh, dw
+    Py_ssize_t Wp          # padded row length: covers every window of a row
+    Py_ssize_t R           # ring slots: input rows one output row spans
+    bint direct_cols       # rows need no column padding: read the plane itself
+
+
+cdef inline Py_ssize_t _ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """Ceiling of a / b for b > 0 and a >= 0."""
+    return (a + b - 1) // b
+
+
+cdef inline void _valid_taps(Py_ssize_t start, Py_ssize_t k, Py_ssize_t d,
+                             Py_ssize_t n, Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """Taps t in [lo, hi) of a window at start with k taps of step d inside [0, n)."""
+    lo[0] = _ceil_div(-start, d) if start < 0 else 0
+    hi[0] = _ceil_div(n - start, d) if n > start else 0
+    if hi[0] > k:
+        hi[0] = k
+
+
+cdef inline value_t _lowest(value_t* like) noexcept nogil:
+    """The padding value: -inf for floats, the minimum for integers."""
+    if value_t is float:
+        return -INFINITY
+    elif value_t is double:
+        return -INFINITY
+    elif value_t is int32_t:
+        return INT32_MIN
+    else:
+        return INT64_MIN
+
+
+cdef inline void _window_scalar(const value_t* xp, const PoolGeom* g, Py_ssize_t h0,
+                                Py_ssize_t i_lo, Py_ssize_t i_hi, Py_ssize_t ow,
+                                value_t* best, Py_ssize_t* where) noexcept nogil:
+    """Maximum and its flat index over one window, skipping padding taps."""
+    cdef Py_ssize_t w0 = ow * g.sw - g.pw
+    cdef Py_ssize_t j_lo, j_hi, i, j, pos
+    cdef value_t m = 0, v
+    cdef Py_ssize_t at = -1
+    _valid_taps(w0, g.kw, g.dw, g.W, &j_lo, &j_hi)
+    for i in range(i_lo, i_hi):
+        for j in range(j_lo, j_hi):
+            pos = (h0 + i * g.dh) * g.W + w0 + j * g.dw
+            v = xp[pos]
+            if at < 0 or takes_over(v, m):
+                m = v
+                at = pos
+    best[0] = m
+    where[0] = at
+
+
+cdef inline value_t _pick(value_t v, value_t m, int32_t kv, int32_t* k,
+                          bint* m_ok) noexcept nogil:
+    """One branchless step of a window scan: keep m or take v (and its code kv).
+
+    Same rule as takes_over(), with "m is not NaN" carried in m_ok instead of
+    recomputed as m == m: gcc 12 does not vectorise a compare of the result
+    of the previous select. Keep the order (value, code, flag): gcc's
+    if-conversion is sensitive to it.
+    """
+    cdef bint t = (not (v <= m)) & m_ok[0]
+    cdef value_t r = v if t else m
+    k[0] = kv if t else k[0]
+    m_ok[0] = m_ok[0] & ((v == v) | (not t))
+    return r
+
+
+cdef inline value_t _win2x2(const value_t* r0, const value_t* r1, Py_ssize_t w,
+                            int32_t W, value_t m, int32_t* k) noexcept nogil:
+    """Scan a 2x2 window at column w of rows r0, r1, from running max m."""
+    cdef bint ok = True
+    m = _pick(r0[w], m, 0, k, &ok)
+    m = _pick(r0[w + 1], m, 1, k, &ok)
+    m = _pick(r1[w], m, W, k, &ok)
+    return _pick(r1[w + 1], m, W + 1, k, &ok)
+
+
+cdef inline value_t _win3x3(const value_t* r0, const value_t* r1, const value_t* r2,
+                            Py_ssize_t w, int32_t W, value_t m, int32_t* k) noexcept nogil:
+    """Scan a 3x3 window at column w of rows r0, r1, r2, from running max m."""
+    cdef bint ok = True
+    m = _pick(r0[w], m, 0, k, &ok)
+    m = _pick(r0[w + 1], m, 1, k, &ok)
+    m = _pick(r0[w + 2], m, 2, k, &ok)
+    m = _pick(r1[w], m, W, k, &ok)
+    m = _pick(r1[w + 1], m, W + 1, k, &ok)
+    m = _pick(r1[w + 2], m, W + 2, k, &ok)
+    m = _pick(r2[w], m, 2 * W, k, &ok)
+    m = _pick(r2[w + 1], m, 2 * W + 1, k, &ok)
+    return _pick(r2[w + 2], m, 2 * W + 2, k, &ok)
+
+
+cdef inline void _row_k2s2(const value_t** rows, value_t* orow, index_t* irow,
+                           const int32_t* kcol, int32_t krow, Py_ssize_t OW,
+                           Py_ssize_t W, Py_ssize_t origin, value_t low) noexcept nogil:
+    """One output row for a 2x2 window, stride 2, no dilation.
+
+    rows[i] points at column -pw of input row h0 + i; origin = h0 * W - pw.
+    """
+    cdef Py_ssize_t ow
+    cdef int32_t k
+    cdef const value_t* r0 = rows[0]
+    cdef const value_t* r1 = rows[1]
+    # Two loops rather than a test inside one, so that both vectorise.
+    if irow != NULL:
+        for ow in range(OW):
+            k = krow + kcol[ow]
+            orow[ow] = _win2x2(r0, r1, 2 * ow, <int32_t>W, low, &k)
+            irow[ow] = <index_t>(origin + 2 * ow) + <index_t>k
+    else:
+        for ow in range(OW):
+            orow[ow] = _win2x2(r0, r1, 2 * ow, <int32_t>W, low, &k)
+
+
+cdef inline void _row_k3(const value_t** rows, value_t* orow, index_t* irow,
+                         const int32_t* kcol, int32_t krow, Py_ssize_t OW,
+                         Py_ssize_t W, Py_ssize_t origin, value_t low,
+                         const Py_ssize_t S) noexcept nogil:
+    """One output row for a 3x3 window, stride S (1 or 2), no dilation."""
+    cdef Py_ssize_t ow
+    cdef int32_t k
+    cdef const value_t* r0 = rows[0]
+    cdef const value_t* r1 = rows[1]
+    cdef const value_t* r2 = rows[2]
+    if irow != NULL:
+        for ow in range(OW):
+            k = krow + kcol[ow]
+            orow[ow] = _win3x3(r0, r1, r2, S * ow, <int32_t>W, low, &k)
+            irow[ow] = <index_t>(origin + S * ow) + <index_t>k
+    else:
+        for ow in range(OW):
+            orow[ow] = _win3x3(r0, r1, r2, S * ow, <int32_t>W, low, &k)
+
+
+cdef inline void _row_generic(const value_t** rows, value_t* orow, index_t* irow,
+                              int32_t* code, const int32_t* kcol, int32_t krow,
+                              const PoolGeom* g, Py_ssize_t origin, value_t low,
+                              Py_ssize_t i_lo, Py_ssize_t i_hi) noexcept nogil:
+    """One output row, any window: one vectorised pass per tap.
+
+    Rows wholly in the padding (i outside [i_lo, i_hi)) cannot take over and
+    are skipped.
+    """
+    cdef Py_ssize_t ow, i, j
+    cdef Py_ssize_t OW = g.OW, sw = g.sw, jd
+    cdef const value_t* r
+    cdef int32_t off
+    cdef value_t v, m
+    cdef bint t
+    for ow in range(OW):
+        orow[ow] = low
+        code[ow] = krow + kcol[ow]
+    for i in range(i_lo, i_hi):
+        r = rows[i]
+        for j in range(g.kw):
+            off = <int32_t>(i * g.dh * g.W + j * g.dw)
+            jd = j * g.dw
+            for ow in range(OW):
+                v = r[ow * sw + jd]
+                m = orow[ow]
+                t = takes_over(v, m)
+                orow[ow] = v if t else m
+                code[ow] = off if t else code[ow]
+    if irow != NULL:
+        for ow in range(OW):
+            irow[ow] = <index_t>(origin + ow * sw) + <index_t>code[ow]
+
+
+cdef struct Workspace:
+    # One per thread.
+    void* ring             # R padded rows of Wp values (unless direct_cols)
+    Py_ssize_t* tag        # input row held by each ring slot, -1 for none
+    void** rows            # kh row pointers for the current output row
+    int32_t* code          # per-column window codes (generic path)
+
+
+cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize) noexcept nogil:
+    """Allocate one thread's workspace; NULL when out of memory."""
+    cdef Workspace* ws = <Workspace*>calloc(1, sizeof(Workspace))
+    if ws == NULL:
+        return NULL
+    ws.rows = <void**>malloc(g.kh * sizeof(void*))
+    ws.code = <int32_t*>malloc(g.OW * sizeof(int32_t))
+    if not g.direct_cols:
+        ws.ring = malloc(g.R * g.Wp * itemsize)
+        ws.tag = <Py_ssize_t*>malloc(g.R * sizeof(Py_ssize_t))
+    if ws.rows == NULL or ws.code == NULL or (
+            not g.direct_cols and (ws.ring == NULL or ws.tag == NULL)):
+        _workspace_free(ws)
+        return NULL
+    return ws
+
+
+cdef void _workspace_free(Workspace* ws) noexcept nogil:
+    if ws != NULL:
+        free(ws.ring)
+        free(ws.tag)
+        free(ws.rows)
+        free(ws.code)
+        free(ws)
+
+
+cdef inline const value_t* _input_row(const value_t* xp, const value_t* low_row,
+                                      Workspace* ws, const PoolGeom* g,
+                                      Py_ssize_t ih) noexcept nogil:
+    """Pointer to column -pw of input row ih, padded with lowest values."""
+    cdef Py_ssize_t slot
+    cdef value_t* dst
+    if ih < 0 or ih >= g.H:
+        return low_row
+    if g.direct_cols:
+        return xp + ih * g.W
+    slot = ih % g.R
+    dst = (<value_t*>ws.ring) + slot * g.Wp
+    if ws.tag[slot] != ih:
+        memcpy(dst + g.pw, xp + ih * g.W, g.W * sizeof(value_t))
+        ws.tag[slot] = ih
+    return dst
+
+
+cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
+                      const value_t* low_row, const int32_t* kcol,
+                      Workspace* ws, const PoolGeom* g, bint scalar_only) noexcept nogil:
+    """Max-pool one (H, W) plane into (OH, OW); ip may be NULL (no indices)."""
+    cdef Py_ssize_t oh, ow, h0, i_lo, i_hi, where, i, slot
+    cdef Py_ssize_t W = g.W
+    cdef value_t low = _lowest(<value_t*>NULL)
+    cdef value_t* orow
+    cdef index_t* irow = NULL
+    cdef const value_t** rows = <const value_t**>ws.rows
+    cdef bint plain = g.dh == 1 and g.dw == 1
+    if not g.direct_cols:
+        for slot in range(g.R):
+            ws.tag[slot] = -1
+    for oh in range(g.OH):
+        h0 = oh * g.sh - g.ph
+        _valid_taps(h0, g.kh, g.dh, g.H, &i_lo, &i_hi)
+        orow = op + oh * g.OW
+        if ip != NULL:
+            irow = ip + oh * g.OW
+        if scalar_only:
+            for ow in range(g.OW):
+                _window_scalar(xp, g, h0, i_lo, i_hi, ow, &orow[ow], &where)
+                if irow != NULL:
+                    irow[ow] = <index_t>where
+            continue
+        for i in range(g.kh):
+            rows[i] = _input_row(xp, low_row, ws, g, h0 + i * g.dh)
+        if plain and g.kh == 2 and g.kw == 2 and g.sw == 2:
+            _row_k2s2(rows, orow, irow, kcol, <int32_t>(i_lo * W), g.OW, W,
+                      h0 * W - g.pw, low)
+        elif plain and g.kh == 3 and g.kw == 3 and g.sw == 1:
+            _row_k3(rows, orow, irow, kcol, <int32_t>(i_lo * W), g.OW, W,
+                    h0 * W - g.pw, low, 1)
+        elif plain and g.kh == 3 and g.kw == 3 and g.sw == 2:
+            _row_k3(rows, orow, irow, kcol, <int32_t>(i_lo * W), g.OW, W,
+                    h0 * W - g.pw, low, 2)
+        else:
+            _row_generic(rows, orow, irow, ws.code, kcol, <int32_t>(i_lo * g.dh * W),
+                         g, h0 * W - g.pw, low, i_lo, i_hi)
+
+
+def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
+                       value_t[:, :, ::1] out,         # OUT (P, OH, OW)
+                       index_t[:, :, ::1] indices,     # OUT (P, OH, OW), ignored unless with_indices
+                       bint with_indices, bint scalar_only,
+                       Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                       Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw,
+                       int num_threads):
+    cdef PoolGeom g
+    cdef Py_ssize_t P = x.shape[0], p, ow, j_lo, j_hi, n_low
+    cdef value_t low = _lowest(<value_t*>NULL)
+    cdef value_t* low_row = NULL
+    cdef int32_t* kcol = NULL
+    cdef Workspace* ws
+    cdef Py_ssize_t q
+    cdef int[1] failed
+    cdef int* fail = &failed[0]
+    failed[0] = 0
+    g.H = x.shape[1]; g.W = x.shape[2]; g.OH = out.shape[1]; g.OW = out.shape[2]
+    g.kh = kh; g.kw = kw; g.sh = sh; g.sw = sw
+    g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw
+    g.Wp = (g.OW - 1) * sw + (kw - 1) * dw + 1
+    g.R = (kh - 1) * dh + 1
+    g.direct_cols = pw == 0 and g.Wp <= g.W
+    if P == 0 or g.OH == 0 or g.OW == 0:
+        return
+    # Read-only, shared by all threads: a row of lowest values and the code
+    # of each column's first valid tap (nonzero only where it starts in the
+    # left padding).
+    n_low = max(g.Wp, g.W)
+    low_row = <value_t*>malloc(n_low * sizeof(value_t))
+    kcol = <int32_t*>malloc(g.OW * sizeof(int32_t))
+    if low_row == NULL or kcol == NULL:
+        free(low_row)
+        free(kcol)
+        raise MemoryError("cypool.max_pool2d: out of memory")
+    for ow in range(n_low):
+        low_row[ow] = low
+    for ow in range(g.OW):
+        _valid_taps(ow * sw - pw, kw, dw, g.W, &j_lo, &j_hi)
+        kcol[ow] = <int32_t>(j_lo * dw)
+    with nogil, parallel(num_threads=num_threads):
+        ws = _workspace_new(&g, sizeof(value_t))
+        if ws == NULL:
+            fail[0] = 1
+        else:
+            if not g.direct_cols:
+                for q in range(g.R * g.Wp):
+                    (<value_t*>ws.ring)[q] = low
+            for p in prange(P, schedule="static"):
+                _pool_plane(&x[p, 0, 0], &out[p, 0, 0],
+                            &indices[p, 0, 0] if with_indices else NULL,
+                            low_row, kcol, ws, &g, scalar_only)
+            _workspace_free(ws)
+    free(low_row)
+    free(kcol)
+    if failed[0]:
+        raise MemoryError("cypool.max_pool2d: out of memory for per-thread buffers")
+
+
+def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
+                        const index_t[:, ::1] indices,      # IN  (P, OH*OW)
+                        value_t[:, ::1] grad_input,         # OUT (P, H*W), fully written
+                        int num_threads):
+    """Scatter-add grad_output into zeroed planes at indices.
+
+    Returns the number of indices outside [0, H*W); those are skipped, never
+    written, and the caller raises.
+    """
+    cdef Py_ssize_t P = grad_output.shape[0], n = grad_output.shape[1]
+    cdef Py_ssize_t hw = grad_input.shape[1], p, q
+    cdef Py_ssize_t bad = 0
+    cdef index_t at
+    cdef value_t* gi
+    cdef const value_t* go
+    cdef const index_t* ix
+    for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
+        gi = &grad_input[p, 0]
+        memset(gi, 0, hw * sizeof(value_t))
+        if n == 0:
+            continue
+        go = &grad_output[p, 0]
+        ix = &indices[p, 0]
+        for q in range(n):
+            at = ix[q]
+            if at >= 0 and at < hw:
+                gi[at] = gi[at] + go[q]
+            else:
+                bad += 1
+    return bad
+
+
+def max_unpool2d(const value_t[:, ::1] x,            # IN  (P, H*W)
+                 const index_t[:, ::1] indices,      # IN  (P, H*W)
+                 value_t[:, ::1] out,                # OUT (P, OH*OW), fully written
+                 int num_threads):
+    """Write x into zeroed planes at indices; a repeated index keeps the last
+    value in row-major order. Returns the number of out-of-range indices,
+    which are skipped."""
+    cdef Py_ssize_t P = x.shape[0], n = x.shape[1]
+    cdef Py_ssize_t hw = out.shape[1], p, q
+    cdef Py_ssize_t bad = 0
+    cdef index_t at
+    cdef value_t* o
+    cdef const value_t* xv
+    cdef const index_t* ix
+    for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
+        o = &out[p, 0]
+        memset(o, 0, hw * sizeof(value_t))
+        if n == 0:
+            continue
+        xv = &x[p, 0]
+        ix = &indices[p, 0]
+        for q in range(n):
+            at = ix[q]
+            if at >= 0 and at < hw:
+                o[at] = xv[q]
+            else:
+                bad += 1
+    return bad

@@ -1,0 +1,126 @@
+"""Build script for cypool's compiled kernels.
+
+Everything about *how* the extension is compiled lives here:
+
+* an OpenMP probe: a tiny program is compiled and linked with the platform's
+  OpenMP flags; when that fails the kernels are built serially and a warning
+  is printed (the install never fails for lack of OpenMP);
+* portable code generation by default: no ``-march=native`` unless the user
+  sets ``CYPOOL_NATIVE=1`` for a source build;
+* the Cython compiler directives, set once for every module.
+"""
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import warnings
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+OPENMP_PROBE = textwrap.dedent(
+    """
+    #include <omp.h>
+    #include <stdio.h>
+    int main(void) {
+        int n = 0;
+        #pragma omp parallel reduction(+:n)
+        n += 1;
+        printf("%d %d\\n", n, omp_get_max_threads());
+        return n > 0 ? 0 : 1;
+    }
+    """
+)
+
+
+def openmp_flags(compiler_type):
+    """(compile args, link args) that switch OpenMP on for this compiler."""
+    if compiler_type == "msvc":
+        return ["/openmp"], []
+    if sys.platform == "darwin":
+        # Apple clang needs libomp (brew install libomp) and this spelling.
+        prefix = os.environ.get("CYPOOL_LIBOMP_PREFIX", "/opt/homebrew/opt/libomp")
+        return (
+            ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include"],
+            [f"-L{prefix}/lib", "-lomp"],
+        )
+    return ["-fopenmp"], ["-fopenmp"]
+
+
+def probe_openmp(compiler):
+    """Return True when a small OpenMP program compiles and links."""
+    cflags, ldflags = openmp_flags(compiler.compiler_type)
+    tmp = tempfile.mkdtemp(prefix="cypool-omp-")
+    try:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write(OPENMP_PROBE)
+        objs = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+        compiler.link_executable(objs, "probe", output_dir=tmp, extra_postargs=ldflags)
+        return True
+    except Exception:  # any compile or link error means "no OpenMP"
+        return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def base_compile_args(compiler_type):
+    if compiler_type == "msvc":
+        return ["/O2"]
+    args = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-tautological-compare"]
+    if os.environ.get("CYPOOL_NATIVE") == "1":
+        # Opt-in only: the result runs on this CPU and may crash elsewhere.
+        args.append("-march=native")
+    if os.environ.get("CYPOOL_VEC_REPORT") == "1":
+        args.append("-fopt-info-vec-optimized")
+    return args
+
+
+class BuildExt(build_ext):
+    """build_ext that adds OpenMP (when it works) and the compile flags."""
+
+    def build_extensions(self):
+        ctype = self.compiler.compiler_type
+        use_omp = os.environ.get("CYPOOL_NO_OPENMP") != "1" and probe_openmp(self.compiler)
+        if not use_omp:
+            warnings.warn(
+                "cypool: OpenMP was not found (or CYPOOL_NO_OPENMP=1); "
+                "building serial kernels. They are correct but use one thread."
+            )
+        cflags, ldflags = openmp_flags(ctype) if use_omp else ([], [])
+        for ext in self.extensions:
+            ext.extra_compile_args = base_compile_args(ctype) + cflags + ext.extra_compile_args
+            ext.extra_link_args = ldflags + ext.extra_link_args
+        super().build_extensions()
+
+
+DIRECTIVES = {
+    "language_level": 3,
+    "boundscheck": False,  # the Python layer validates every shape and index
+    "wraparound": False,
+    "initializedcheck": False,
+    "cdivision": True,
+    "nonecheck": False,
+    "embedsignature": True,
+}
+
+extensions = [
+    Extension(
+        "cypool._kernels",
+        ["cypool/_kernels.pyx"],
+        include_dirs=[np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives=DIRECTIVES,
+        annotate=os.environ.get("CYPOOL_ANNOTATE") == "1",
+    ),
+    cmdclass={"build_ext": BuildExt},
+)
