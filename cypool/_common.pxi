@@ -64,3 +64,8 @@ def threads_used(int num_threads):
         if omp_get_thread_num() == 0:
             out[0] = omp_get_num_threads()
     return seen[0]
+
+
+def max_threads():
+    """omp_get_max_threads(): OpenMP's default team size for this thread."""
+    return omp_get_max_threads()

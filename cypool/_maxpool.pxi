@@ -403,3 +403,38 @@ def max_unpool2d(const value_t[:, ::1] x,            # IN  (P, H*W)
             else:
                 bad += 1
     return bad
+
+
+def max_unpool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
+                          const index_t[:, ::1] indices,      # IN  (P, H*W), all in range
+                          value_t[:, ::1] grad_input,         # OUT (P, H*W)
+                          int num_threads):
+    """Exact gradient of max_unpool2d: entry q gets grad_output at indices[q]
+    if it is the value that stayed there (the last writer), else zero.
+
+    indices must have been checked by max_unpool2d (all in [0, OH*OW))."""
+    cdef Py_ssize_t P = grad_output.shape[0], ohw = grad_output.shape[1]
+    cdef Py_ssize_t n = indices.shape[1], p, q
+    cdef Py_ssize_t* writer
+    cdef const index_t* ix
+    cdef const value_t* go
+    cdef value_t* gi
+    cdef int[1] failed
+    cdef int* fail = &failed[0]
+    failed[0] = 0
+    with nogil, parallel(num_threads=num_threads):
+        writer = <Py_ssize_t*>malloc(ohw * sizeof(Py_ssize_t))
+        if writer == NULL:
+            fail[0] = 1
+        else:
+            for p in prange(P, schedule="static"):
+                ix = &indices[p, 0]
+                go = &grad_output[p, 0]
+                gi = &grad_input[p, 0]
+                for q in range(n):
+                    writer[ix[q]] = q
+                for q in range(n):
+                    gi[q] = go[ix[q]] if writer[ix[q]] == q else 0
+            free(writer)
+    if failed[0]:
+        raise MemoryError("cypool.MaxUnpool2d.backward: out of memory")

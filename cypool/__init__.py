@@ -1,0 +1,21 @@
+"""cypool: fast, correct CPU pooling layers for numpy CNNs.
+
+Cython + OpenMP kernels behind numpy functions and layer classes:
+
+* :func:`max_pool2d`, :func:`max_pool2d_backward`, :func:`max_unpool2d` and
+  the layers :class:`MaxPool2d`, :class:`MaxUnpool2d`.
+"""
+from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
+from .layers import Layer, MaxPool2d, MaxUnpool2d
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "max_pool2d",
+    "max_pool2d_backward",
+    "max_unpool2d",
+    "Layer",
+    "MaxPool2d",
+    "MaxUnpool2d",
+    "__version__",
+]

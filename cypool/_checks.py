@@ -1,0 +1,211 @@
+"""Argument checking for every public function: the one place it happens.
+
+Release builds of the kernels run without bounds checks, so everything a
+kernel relies on (shapes, parameters, dtypes, contiguity) is established here
+first. Errors are ValueError or TypeError and name the offending parameter.
+Geometry computations are cached: a layer called in a training loop with the
+same shapes pays for them once.
+"""
+from __future__ import annotations
+
+import operator
+from functools import lru_cache
+
+import numpy as np
+
+# dtypes the kernels are compiled for, and how other real dtypes reach them
+# (exactly: max and argmax of a widened integer or float16 are unchanged).
+KERNEL_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
+FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64))
+_WIDEN = {
+    np.dtype(np.float16): np.dtype(np.float32),
+    np.dtype(np.int8): np.dtype(np.int32),
+    np.dtype(np.int16): np.dtype(np.int32),
+    np.dtype(np.uint8): np.dtype(np.int32),
+    np.dtype(np.uint16): np.dtype(np.int32),
+    np.dtype(np.uint32): np.dtype(np.int64),
+}
+INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+INT32_LIMIT = 2**31
+_INT32_MAX = INT32_LIMIT - 1
+
+
+def as_int(value, name: str) -> int:
+    """value as a Python int; bools and non-integers are a TypeError."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+
+
+def pair(value, name: str) -> tuple[int, int]:
+    """An int or an (h, w) pair as a tuple of two ints."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or a pair (h, w), got {value!r}")
+        return as_int(value[0], name), as_int(value[1], name)
+    v = as_int(value, name)
+    return v, v
+
+
+def num_threads_arg(num_threads) -> int:
+    """0 for None (OpenMP's default), else a positive int."""
+    if num_threads is None:
+        return 0
+    n = as_int(num_threads, "num_threads")
+    if n < 1:
+        raise ValueError(f"num_threads must be None or at least 1, got {n}")
+    return n
+
+
+def kernel_dtype(dtype: np.dtype, name: str, floating_only: bool = False) -> np.dtype:
+    """The dtype the kernels compute in for an array of this dtype."""
+    if dtype in KERNEL_DTYPES or dtype in _WIDEN:
+        kd = _WIDEN.get(dtype, dtype)
+        if floating_only and kd not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float32 or float64, got {dtype}")
+        return kd
+    raise TypeError(
+        f"{name} has unsupported dtype {dtype}: use float32 or float64"
+        + ("" if floating_only else " (integer types up to 32 bits, int64 and float16 are also accepted)")
+    )
+
+
+def array(x, name: str, ndims: tuple[int, ...], floating_only: bool = False) -> np.ndarray:
+    """x as an ndarray of an accepted dtype and rank, with no empty dimension."""
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "__array__") or isinstance(x, (list, tuple)):
+            x = np.asarray(x)
+        else:
+            raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
+    kernel_dtype(x.dtype, name, floating_only)
+    if x.ndim not in ndims:
+        want = " or ".join(str(n) for n in ndims)
+        raise ValueError(f"{name} must have {want} dimensions, got shape {x.shape}")
+    if 0 in x.shape:
+        raise ValueError(f"{name} must not have an empty dimension, got shape {x.shape}")
+    return x
+
+
+def contiguous(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A C-contiguous array of dtype; no copy when x already is one."""
+    return np.ascontiguousarray(x, dtype=dtype)
+
+
+def index_dtype_arg(index_dtype, plane_size: int) -> np.dtype:
+    try:
+        dt = np.dtype(index_dtype)
+    except TypeError:
+        raise TypeError(f"index_dtype must be np.int32 or np.int64, got {index_dtype!r}") from None
+    if dt not in INDEX_DTYPES:
+        raise TypeError(f"index_dtype must be np.int32 or np.int64, got {dt}")
+    if dt == INDEX_DTYPES[0] and plane_size > _INT32_MAX:
+        raise ValueError(
+            f"index_dtype=int32 cannot index planes of {plane_size} elements (2**31 or more); use np.int64"
+        )
+    return dt
+
+
+def index_array(indices, name: str = "indices") -> np.ndarray:
+    """indices as an int32/int64 ndarray (other integer dtypes are widened)."""
+    if not isinstance(indices, np.ndarray):
+        indices = np.asarray(indices)
+    if indices.dtype in INDEX_DTYPES:
+        return indices
+    if indices.dtype.kind in "iu" and indices.dtype != np.uint64:
+        return indices.astype(np.int64)
+    raise TypeError(f"{name} must be an integer array (int32 or int64), got {indices.dtype}")
+
+
+def _out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch.nn.MaxPool2d's output length along one dimension."""
+    span = n + 2 * p - d * (k - 1) - 1
+    if span < 0:
+        return 0
+    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= n + p:
+        out -= 1  # the last window would start in the right padding
+    return out
+
+
+def _has_window_in_padding(n: int, out: int, k: int, s: int, p: int, d: int) -> bool:
+    for o in range(out):
+        start = o * s - p
+        if not any(0 <= start + t * d < n for t in range(k)):
+            return True
+    return False
+
+
+@lru_cache(maxsize=512)
+def pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
+    """Checked (kh, kw, sh, sw, ph, pw, dh, dw, OH, OW) of a max pooling."""
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = (kh, kw) if stride is None else pair(stride, "stride")
+    ph, pw = pair(padding, "padding")
+    dh, dw = pair(dilation, "dilation")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
+    if sh < 1 or sw < 1:
+        raise ValueError(f"stride must be positive, got {(sh, sw)}")
+    if dh < 1 or dw < 1:
+        raise ValueError(f"dilation must be positive, got {(dh, dw)}")
+    if ph < 0 or pw < 0 or ph > kh // 2 or pw > kw // 2:
+        raise ValueError(
+            f"padding must be between 0 and kernel_size // 2 = {(kh // 2, kw // 2)}, got {(ph, pw)}"
+        )
+    OH = _out_size(H, kh, sh, ph, dh, ceil_mode)
+    OW = _out_size(W, kw, sw, pw, dw, ceil_mode)
+    if OH < 1 or OW < 1:
+        raise ValueError(
+            f"kernel_size {(kh, kw)} with dilation {(dh, dw)} is larger than the padded input "
+            f"{(H + 2 * ph, W + 2 * pw)}"
+        )
+    if _has_window_in_padding(H, OH, kh, sh, ph, dh) or _has_window_in_padding(W, OW, kw, sw, pw, dw):
+        raise ValueError(
+            "padding/dilation: some pooling window lies wholly in the padding, so it has no "
+            "maximum to index; reduce padding or dilation"
+        )
+    return kh, kw, sh, sw, ph, pw, dh, dw, OH, OW
+
+
+def shape_arg(shape, name: str, ndim: int) -> tuple[int, ...]:
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of ints, got {type(shape).__name__}")
+    shape = tuple(as_int(s, name) for s in shape)
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must have {ndim} entries to match grad_output, got {shape}")
+    if any(s < 1 for s in shape):
+        raise ValueError(f"{name} must be positive, got {shape}")
+    return shape
+
+
+@lru_cache(maxsize=512)
+def unpool_geometry(H: int, W: int, kernel_size, stride, padding, output_size):
+    """Checked (OH, OW) of a max unpooling, as torch.nn.MaxUnpool2d sizes it."""
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = (kh, kw) if stride is None else pair(stride, "stride")
+    ph, pw = pair(padding, "padding")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
+    if sh < 1 or sw < 1:
+        raise ValueError(f"stride must be positive, got {(sh, sw)}")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    dflt = ((H - 1) * sh - 2 * ph + kh, (W - 1) * sw - 2 * pw + kw)
+    if output_size is None:
+        size = dflt
+    else:
+        if not isinstance(output_size, (tuple, list)) or len(output_size) < 2:
+            raise TypeError(f"output_size must be a tuple (..., H, W), got {output_size!r}")
+        size = (as_int(output_size[-2], "output_size"), as_int(output_size[-1], "output_size"))
+        for got, lo, s in zip(size, dflt, (sh, sw)):
+            if not lo <= got <= lo + s - 1:
+                raise ValueError(
+                    f"output_size {size} must lie between {dflt} and "
+                    f"{(dflt[0] + sh - 1, dflt[1] + sw - 1)} for this kernel, stride and padding"
+                )
+    if size[0] < 1 or size[1] < 1:
+        raise ValueError(f"padding {(ph, pw)} leaves an empty unpooled output {size}")
+    return size

@@ -1,0 +1,148 @@
+"""Layer classes: thin stateful wrappers over the functional API.
+
+Each layer has ``forward(x)`` (also ``__call__``), ``backward(grad_output)``
+returning the gradient with respect to its input, and ``train()`` /
+``eval()``. In training mode ``forward`` keeps what ``backward`` needs; in
+eval mode it keeps nothing (and max pooling skips index tracking).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _checks as chk
+from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
+from ._backend import kernels, threads_for
+
+__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d"]
+
+
+class Layer:
+    """Base class: training flag and the forward/backward protocol."""
+
+    def __init__(self):
+        self.training = True
+        self._cache = None
+
+    def train(self, mode: bool = True):
+        """Switch training mode on (or off with ``mode=False``); returns self."""
+        self.training = bool(mode)
+        if not self.training:
+            self._cache = None
+        return self
+
+    def eval(self):
+        """Switch to evaluation mode: forward keeps nothing for backward."""
+        return self.train(False)
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, x):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _saved(self):
+        if self._cache is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.backward needs a forward pass in training mode first"
+            )
+        return self._cache
+
+
+class MaxPool2d(Layer):
+    """Max pooling layer that remembers where each maximum came from.
+
+    Parameters are those of :func:`cypool.max_pool2d`. In training mode
+    ``forward`` keeps the argmax indices (``self.indices``) for ``backward``.
+    ``num_threads`` and ``index_dtype`` pass through to the functions.
+    """
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, *,
+                 index_dtype=np.int64, num_threads=None):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.padding = padding
+        self.dilation = dilation
+        self.ceil_mode = ceil_mode
+        self.index_dtype = index_dtype
+        self.num_threads = num_threads
+        # Check the parameters now, not at the first forward.
+        chk.pair(kernel_size, "kernel_size")
+        if stride is not None:
+            chk.pair(stride, "stride")
+        chk.pair(padding, "padding")
+        chk.pair(dilation, "dilation")
+        chk.num_threads_arg(num_threads)
+
+    @property
+    def indices(self):
+        """Argmax indices of the last training forward pass (or None)."""
+        return None if self._cache is None else self._cache[0]
+
+    def forward(self, x):
+        """Pool x; in training mode keep the indices for backward."""
+        args = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        if not self.training:
+            return max_pool2d(x, *args, num_threads=self.num_threads)
+        out, idx = max_pool2d(x, *args, return_indices=True, index_dtype=self.index_dtype,
+                              num_threads=self.num_threads)
+        self._cache = (idx, np.shape(x))
+        return out
+
+    def backward(self, grad_output):
+        """Gradient with respect to the last forward's input."""
+        idx, shape = self._saved()
+        return max_pool2d_backward(grad_output, idx, shape, num_threads=self.num_threads)
+
+    def __repr__(self):
+        return (f"MaxPool2d(kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, ceil_mode={self.ceil_mode})")
+
+
+class MaxUnpool2d(Layer):
+    """Inverse of :class:`MaxPool2d`: ``forward(x, indices, output_size=None)``.
+
+    ``backward(grad_output)`` returns the gradient with respect to ``x``:
+    each entry receives the gradient at the position it was written to, or
+    zero if a later entry with the same index overwrote it.
+    """
+
+    def __init__(self, kernel_size, stride=None, padding=0, *, num_threads=None):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.padding = padding
+        self.num_threads = num_threads
+        chk.pair(kernel_size, "kernel_size")
+        if stride is not None:
+            chk.pair(stride, "stride")
+        chk.pair(padding, "padding")
+        chk.num_threads_arg(num_threads)
+
+    def forward(self, x, indices, output_size=None):
+        """Unpool x to the positions in indices."""
+        out = max_unpool2d(x, indices, self.kernel_size, self.stride, self.padding, output_size,
+                           num_threads=self.num_threads)
+        if self.training:
+            self._cache = (chk.index_array(indices), np.shape(x), out.shape)
+        return out
+
+    def backward(self, grad_output):
+        """Gradient with respect to the last forward's x."""
+        indices, x_shape, out_shape = self._saved()
+        grad_output = chk.array(grad_output, "grad_output", (3, 4))
+        if grad_output.shape != out_shape:
+            raise ValueError(f"grad_output shape {grad_output.shape} must be {out_shape}")
+        kd = chk.kernel_dtype(grad_output.dtype, "grad_output")
+        OH, OW = out_shape[-2:]
+        H, W = x_shape[-2:]
+        go = chk.contiguous(grad_output, kd).reshape(-1, OH * OW)
+        ix = chk.contiguous(indices, indices.dtype).reshape(-1, H * W)
+        gx = np.empty(ix.shape, dtype=kd)
+        nt = threads_for(chk.num_threads_arg(self.num_threads), go.size + 2 * gx.size, gx.shape[0])
+        kernels.max_unpool2d_backward(go, ix, gx, nt)
+        gx = gx.reshape(x_shape)
+        return gx if kd == grad_output.dtype else gx.astype(grad_output.dtype)
+
+    def __repr__(self):
+        return f"MaxUnpool2d(kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding})"

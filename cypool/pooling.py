@@ -1,0 +1,198 @@
+"""Max pooling with index tracking: the functional API.
+
+Conventions are PyTorch's (``torch.nn.functional.max_pool2d``): see README,
+"Semantics". Inputs are ``(N, C, H, W)`` or unbatched ``(C, H, W)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _checks as chk
+from ._backend import kernels, threads_for
+
+__all__ = ["max_pool2d", "max_pool2d_backward", "max_unpool2d"]
+
+
+def _planes(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """x as C-contiguous (N*C, H, W) planes of the kernel dtype."""
+    return chk.contiguous(x, dtype).reshape(-1, x.shape[-2], x.shape[-1])
+
+
+def max_pool2d(
+    x,
+    kernel_size,
+    stride=None,
+    padding=0,
+    dilation=1,
+    ceil_mode=False,
+    return_indices=False,
+    *,
+    index_dtype=np.int64,
+    num_threads=None,
+):
+    """2-D max pooling over the last two axes, optionally with argmax indices.
+
+    Parameters
+    ----------
+    x : ndarray, shape (N, C, H, W) or (C, H, W)
+        Input; float32, float64, float16 or integer dtypes up to 64 bits
+        (not uint64). Any strides.
+    kernel_size, stride, padding, dilation : int or (int, int)
+        As in ``torch.nn.MaxPool2d``. ``stride`` defaults to ``kernel_size``;
+        padding is implicit -inf with ``0 <= padding <= kernel_size // 2``.
+    ceil_mode : bool
+        Use ceiling instead of floor for the output size; a window that would
+        start in the right or bottom padding is dropped.
+    return_indices : bool
+        Also return the position of each maximum.
+    index_dtype : np.int64 or np.int32, keyword-only
+        dtype of the indices.
+    num_threads : int or None, keyword-only
+        Threads to use; None means OpenMP's default (``OMP_NUM_THREADS``,
+        threadpoolctl limits). Small inputs always run on one thread.
+
+    Returns
+    -------
+    out : ndarray, shape (N, C, OH, OW) or (C, OH, OW), dtype of x
+    indices : ndarray of index_dtype, same shape as out
+        Only with ``return_indices=True``. Flat offsets ``row * W + col``
+        into each input plane: the first maximum in row-major window order,
+        or the first NaN. Never a position in the padding.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For an unsupported dtype or rank, an empty dimension, or parameters
+        that give no valid pooling (each message names the parameter).
+    """
+    x = chk.array(x, "x", (3, 4))
+    H, W = x.shape[-2:]
+    geom = chk.pool_geometry(H, W, kernel_size, stride, padding, dilation, bool(ceil_mode))
+    kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = geom
+    nt = chk.num_threads_arg(num_threads)
+    idt = chk.index_dtype_arg(index_dtype, H * W) if return_indices else chk.INDEX_DTYPES[1]
+    kd = chk.kernel_dtype(x.dtype, "x")
+    planes = _planes(x, kd)
+    P = planes.shape[0]
+    out = np.empty((P, OH, OW), dtype=kd)
+    idx = np.empty((P, OH, OW) if return_indices else (1, 1, 1), dtype=idt)
+    threads = threads_for(nt, planes.size + out.size, P)
+    kernels.max_pool2d_forward(
+        planes, out, idx, bool(return_indices), H * W >= chk.INT32_LIMIT,
+        kh, kw, sh, sw, ph, pw, dh, dw, threads,
+    )
+    shape = x.shape[:-2] + (OH, OW)
+    out = out.reshape(shape)
+    if kd != x.dtype:
+        out = out.astype(x.dtype)
+    if return_indices:
+        return out, idx.reshape(shape)
+    return out
+
+
+def _check_indices_like(values, indices, vname: str):
+    if indices.shape != values.shape:
+        raise ValueError(f"indices shape {indices.shape} does not match {vname} shape {values.shape}")
+
+
+def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
+    """Gradient of :func:`max_pool2d` with respect to its input.
+
+    Every output gradient is added to the input position its index names,
+    so overlapping windows that share a maximum accumulate. Each plane is
+    summed by one thread in row-major order: results are deterministic.
+
+    Parameters
+    ----------
+    grad_output : ndarray, shape (N, C, OH, OW) or (C, OH, OW)
+    indices : ndarray of int32/int64, same shape
+        As returned by ``max_pool2d(..., return_indices=True)``.
+    input_shape : tuple of int
+        Shape of the pooled input, ``(N, C, H, W)`` or ``(C, H, W)``.
+    num_threads : int or None, keyword-only
+
+    Returns
+    -------
+    grad_input : ndarray of input_shape, dtype of grad_output
+
+    Raises
+    ------
+    ValueError
+        If shapes disagree, input_shape cannot have produced grad_output, or
+        an index lies outside ``[0, H*W)`` (nothing is written then).
+    """
+    grad_output = chk.array(grad_output, "grad_output", (3, 4))
+    indices = chk.index_array(indices)
+    _check_indices_like(grad_output, indices, "grad_output")
+    shape = chk.shape_arg(input_shape, "input_shape", grad_output.ndim)
+    if shape[:-2] != grad_output.shape[:-2]:
+        raise ValueError(
+            f"input_shape {shape} and grad_output {grad_output.shape} differ in their leading dimensions"
+        )
+    H, W = shape[-2:]
+    OH, OW = grad_output.shape[-2:]
+    if OH > H + 1 or OW > W + 1:
+        raise ValueError(
+            f"input_shape {shape} cannot have produced an output of {(OH, OW)}: "
+            "max pooling gives at most (H + 1, W + 1)"
+        )
+    nt = chk.num_threads_arg(num_threads)
+    kd = chk.kernel_dtype(grad_output.dtype, "grad_output")
+    go = chk.contiguous(grad_output, kd).reshape(-1, OH * OW)
+    ix = chk.contiguous(indices, indices.dtype).reshape(-1, OH * OW)
+    P = go.shape[0]
+    gi = np.empty((P, H * W), dtype=kd)
+    bad = kernels.max_pool2d_backward(go, ix, gi, threads_for(nt, gi.size + 2 * go.size, P))
+    if bad:
+        raise ValueError(f"indices: {bad} entries lie outside [0, H*W) = [0, {H * W})")
+    gi = gi.reshape(shape)
+    return gi if kd == grad_output.dtype else gi.astype(grad_output.dtype)
+
+
+def max_unpool2d(x, indices, kernel_size, stride=None, padding=0, output_size=None, *, num_threads=None):
+    """Partial inverse of :func:`max_pool2d`: place values at their indices.
+
+    Positions no index names are zero. When an index repeats within a
+    plane, the value that comes last in row-major order of ``x`` wins
+    (deterministic, as numpy's ``a.flat[idx] = v`` does).
+
+    Parameters
+    ----------
+    x : ndarray, shape (N, C, H, W) or (C, H, W)
+    indices : ndarray of int32/int64, same shape
+        Flat offsets into each output plane.
+    kernel_size, stride, padding : int or (int, int)
+        Those of the pooling being inverted; they size the output as
+        ``torch.nn.MaxUnpool2d`` does: ``(H - 1) * stride - 2 * padding + kernel_size``.
+    output_size : tuple or None
+        ``(..., OH, OW)`` to pick a size within ``stride - 1`` above the default.
+    num_threads : int or None, keyword-only
+
+    Returns
+    -------
+    out : ndarray, shape (N, C, OH, OW) or (C, OH, OW), dtype of x
+
+    Raises
+    ------
+    ValueError
+        If an index lies outside ``[0, OH*OW)`` (nothing is written), or
+        sizes are inconsistent.
+    """
+    x = chk.array(x, "x", (3, 4))
+    indices = chk.index_array(indices)
+    _check_indices_like(x, indices, "x")
+    H, W = x.shape[-2:]
+    if isinstance(output_size, list):
+        output_size = tuple(output_size)
+    OH, OW = chk.unpool_geometry(H, W, kernel_size, stride, padding, output_size)
+    nt = chk.num_threads_arg(num_threads)
+    kd = chk.kernel_dtype(x.dtype, "x")
+    xv = chk.contiguous(x, kd).reshape(-1, H * W)
+    ix = chk.contiguous(indices, indices.dtype).reshape(-1, H * W)
+    P = xv.shape[0]
+    out = np.empty((P, OH * OW), dtype=kd)
+    bad = kernels.max_unpool2d(xv, ix, out, threads_for(nt, out.size + 2 * xv.size, P))
+    if bad:
+        raise ValueError(f"indices: {bad} entries lie outside [0, OH*OW) = [0, {OH * OW})")
+    out = out.reshape(x.shape[:-2] + (OH, OW))
+    return out if kd == x.dtype else out.astype(x.dtype)
