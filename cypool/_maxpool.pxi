@@ -304,9 +304,11 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     g.H = x.shape[1]; g.W = x.shape[2]; g.OH = out.shape[1]; g.OW = out.shape[2]
     g.kh = kh; g.kw = kw; g.sh = sh; g.sw = sw
     g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw
-    g.Wp = (g.OW - 1) * sw + (kw - 1) * dw + 1
+    # Columns -pw .. Wp-pw-1 of a padded row: every tap of every window, and
+    # the whole input row, which the ring copies in at offset pw.
+    g.Wp = max((g.OW - 1) * sw + (kw - 1) * dw + 1, pw + g.W)
     g.R = (kh - 1) * dh + 1
-    g.direct_cols = pw == 0 and g.Wp <= g.W
+    g.direct_cols = pw == 0 and (g.OW - 1) * sw + (kw - 1) * dw + 1 <= g.W
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
     # Read-only, shared by all threads: a row of lowest values and the code

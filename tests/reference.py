@@ -1,0 +1,107 @@
+"""Slow, independent references in plain numpy for every cypool operation.
+
+Written from the documented semantics with explicit loops and no code shared
+with cypool, so that a test compares two independent implementations.
+"""
+import math
+
+import numpy as np
+
+
+def first_max_position(values):
+    """Index of the first maximum of a 1-D sequence; NaN counts as the maximum
+    and the first NaN wins (numpy's argmax rule)."""
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        nan = np.flatnonzero(np.isnan(values))
+        if nan.size:
+            return int(nan[0])
+    best = 0
+    for i in range(1, values.size):
+        if values[i] > values[best]:
+            best = i
+    return best
+
+
+def pool_out_size(n, k, s, p, d, ceil_mode):
+    """torch.nn.MaxPool2d's documented output size."""
+    eff = (n + 2 * p - d * (k - 1) - 1) / s
+    out = (math.ceil(eff) if ceil_mode else math.floor(eff)) + 1
+    if ceil_mode and (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+def max_pool2d(x, k, s=None, p=0, d=1, ceil_mode=False):
+    """(out, indices) of max pooling x (..., H, W) with explicit window loops."""
+    kh, kw = (k, k) if np.isscalar(k) else k
+    s = (kh, kw) if s is None else s
+    sh, sw = (s, s) if np.isscalar(s) else s
+    ph, pw = (p, p) if np.isscalar(p) else p
+    dh, dw = (d, d) if np.isscalar(d) else d
+    H, W = x.shape[-2:]
+    OH = pool_out_size(H, kh, sh, ph, dh, ceil_mode)
+    OW = pool_out_size(W, kw, sw, pw, dw, ceil_mode)
+    lead = x.shape[:-2]
+    planes = x.reshape(-1, H, W)
+    out = np.empty((planes.shape[0], OH, OW), dtype=x.dtype)
+    idx = np.empty((planes.shape[0], OH, OW), dtype=np.int64)
+    for q in range(planes.shape[0]):
+        for oh in range(OH):
+            for ow in range(OW):
+                vals, where = [], []
+                for i in range(kh):
+                    for j in range(kw):
+                        r = oh * sh - ph + i * dh
+                        c = ow * sw - pw + j * dw
+                        if 0 <= r < H and 0 <= c < W:
+                            vals.append(planes[q, r, c])
+                            where.append(r * W + c)
+                assert vals, "window wholly in padding"
+                b = first_max_position(np.array(vals, dtype=x.dtype))
+                out[q, oh, ow] = vals[b]
+                idx[q, oh, ow] = where[b]
+    return out.reshape(lead + (OH, OW)), idx.reshape(lead + (OH, OW))
+
+
+def max_pool2d_backward(grad_output, indices, input_shape):
+    """np.add.at scatter of grad_output into zeros at indices, plane by plane."""
+    H, W = input_shape[-2:]
+    g = grad_output.reshape(-1, grad_output.shape[-2] * grad_output.shape[-1])
+    ix = indices.reshape(g.shape)
+    out = np.zeros((g.shape[0], H * W), dtype=grad_output.dtype)
+    for q in range(g.shape[0]):
+        np.add.at(out[q], ix[q], g[q])
+    return out.reshape(input_shape)
+
+
+def max_unpool2d(x, indices, out_hw):
+    """Sequential writes in row-major order of x: the last write wins."""
+    OH, OW = out_hw
+    xs = x.reshape(-1, x.shape[-2] * x.shape[-1])
+    ix = indices.reshape(xs.shape)
+    out = np.zeros((xs.shape[0], OH * OW), dtype=x.dtype)
+    for q in range(xs.shape[0]):
+        for n in range(xs.shape[1]):
+            out[q, ix[q, n]] = xs[q, n]
+    return out.reshape(x.shape[:-2] + (OH, OW))
+
+
+def random_values(rng, shape, dtype, *, ties=False, specials=False):
+    """Random values; ties: few distinct values; specials: NaN/±inf sprinkled in."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        x = rng.standard_normal(shape)
+        if ties:
+            x = np.round(x * 2) / 2
+        x = x.astype(dtype)
+        if specials:
+            m = rng.random(shape)
+            x[m < 0.03] = np.nan
+            x[(m >= 0.03) & (m < 0.06)] = np.inf
+            x[(m >= 0.06) & (m < 0.12)] = -np.inf
+        return x
+    info = np.iinfo(dtype)
+    if ties:
+        return rng.integers(-3 if info.min < 0 else 0, 4, size=shape).astype(dtype)
+    return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)

@@ -1,0 +1,290 @@
+"""max_pool2d / max_pool2d_backward / max_unpool2d against the numpy reference."""
+import numpy as np
+import pytest
+
+import cypool
+from cypool import _kernels
+import reference as ref
+from conftest import torch_or_skip
+
+
+def random_config(rng):
+    """A random valid pooling configuration and input shape."""
+    while True:
+        kh, kw = rng.integers(1, 5, size=2)
+        sh, sw = rng.integers(1, 4, size=2)
+        dh, dw = rng.integers(1, 3, size=2)
+        ph, pw = rng.integers(0, kh // 2 + 1), rng.integers(0, kw // 2 + 1)
+        H, W = rng.integers(1, 12, size=2)
+        ceil = bool(rng.integers(0, 2))
+        try:
+            cypool._checks.pool_geometry(int(H), int(W), (int(kh), int(kw)), (int(sh), int(sw)),
+                                         (int(ph), int(pw)), (int(dh), int(dw)), ceil)
+        except ValueError:
+            continue
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(H), int(W))
+        return shape, dict(kernel_size=(int(kh), int(kw)), stride=(int(sh), int(sw)),
+                           padding=(int(ph), int(pw)), dilation=(int(dh), int(dw)), ceil_mode=ceil)
+
+
+def ref_pool(x, cfg):
+    return ref.max_pool2d(x, cfg["kernel_size"], cfg["stride"], cfg["padding"],
+                          cfg["dilation"], cfg["ceil_mode"])
+
+
+def assert_same(a, b):
+    """Equal values with NaN == NaN, and equal dtype and shape."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("trial", range(60))
+@pytest.mark.parametrize("kind", ["plain", "ties", "specials"])
+def test_forward_random_configs(rng, trial, kind):
+    shape, cfg = random_config(rng)
+    dtype = [np.float32, np.float64][trial % 2]
+    x = ref.random_values(rng, shape, dtype, ties=kind == "ties", specials=kind == "specials")
+    out, idx = cypool.max_pool2d(x, **cfg, return_indices=True)
+    rout, ridx = ref_pool(x, cfg)
+    assert_same(out, rout)
+    assert_same(idx, ridx)
+    assert_same(cypool.max_pool2d(x, **cfg), rout)  # the no-index path
+
+
+@pytest.mark.parametrize("case", ["2x2s2", "3x3s1p1", "3x3s2p1", "2x2s2ceil", "3x3s2p1ceil"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_specialised_paths(rng, case, dtype):
+    cfg = {
+        "2x2s2": dict(kernel_size=2, stride=2),
+        "3x3s1p1": dict(kernel_size=3, stride=1, padding=1),
+        "3x3s2p1": dict(kernel_size=3, stride=2, padding=1),
+        "2x2s2ceil": dict(kernel_size=2, stride=2, ceil_mode=True),
+        "3x3s2p1ceil": dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    }[case]
+    for shape in [(2, 3, 9, 13), (1, 2, 24, 24), (1, 1, 3, 3), (2, 1, 2, 37)]:
+        if case.startswith("3x3") and min(shape[-2:]) < 2:
+            continue
+        for kind in ["plain", "ties", "specials"]:
+            x = ref.random_values(rng, shape, dtype, ties=kind == "ties",
+                                  specials=kind == "specials" and np.dtype(dtype).kind == "f")
+            full = {"kernel_size": None, "stride": None, "padding": 0, "dilation": 1, "ceil_mode": False}
+            full.update(cfg)
+            rout, ridx = ref_pool(x, full)
+            out, idx = cypool.max_pool2d(x, **cfg, return_indices=True)
+            assert_same(out, rout)
+            assert_same(idx, ridx)
+
+
+def test_constant_and_all_minus_inf_planes_index_first_valid_tap():
+    for fill in [0.0, -np.inf, np.inf, np.nan]:
+        x = np.full((1, 2, 5, 6), fill, dtype=np.float32)
+        for cfg in [dict(kernel_size=3, stride=1, padding=1), dict(kernel_size=2, stride=2),
+                    dict(kernel_size=3, stride=2, padding=1, dilation=2, ceil_mode=True)]:
+            rout, ridx = ref.max_pool2d(x, cfg["kernel_size"], cfg["stride"], cfg.get("padding", 0),
+                                        cfg.get("dilation", 1), cfg.get("ceil_mode", False))
+            out, idx = cypool.max_pool2d(x, **cfg, return_indices=True)
+            assert_same(out, rout)
+            assert_same(idx, ridx)
+
+
+def test_integer_extremes_and_small_int_dtypes(rng):
+    for dtype in [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.float16]:
+        x = ref.random_values(rng, (2, 2, 7, 8), dtype)
+        x[0, 0, :3, :3] = np.iinfo(dtype).min if np.dtype(dtype).kind != "f" else -np.inf
+        out, idx = cypool.max_pool2d(x, 3, 2, 1, return_indices=True)
+        rout, ridx = ref.max_pool2d(x, 3, 2, 1)
+        assert_same(out, rout)
+        assert_same(idx, ridx)
+
+
+def test_first_nan_wins_and_nan_beats_inf():
+    x = np.array([[[[1.0, np.inf], [np.nan, np.nan]]]], dtype=np.float32)
+    out, idx = cypool.max_pool2d(x, 2, return_indices=True)
+    assert np.isnan(out[0, 0, 0, 0]) and idx[0, 0, 0, 0] == 2
+
+
+def test_ties_pick_first_in_row_major_order():
+    x = np.zeros((1, 1, 4, 4), dtype=np.float64)
+    x[0, 0, 1, 0] = x[0, 0, 0, 1] = 5  # both in window (0, 0); (0, 1) comes first
+    _, idx = cypool.max_pool2d(x, 2, return_indices=True)
+    assert idx[0, 0, 0, 0] == 1
+
+
+@pytest.mark.parametrize("view", ["transpose", "slice", "negative", "channels_last"])
+def test_non_contiguous_views(rng, view):
+    base = ref.random_values(rng, (3, 4, 10, 12), np.float32, ties=True)
+    x = {
+        "transpose": base.transpose(1, 0, 2, 3),
+        "slice": base[:, ::2, 1::1, ::2],
+        "negative": base[:, :, ::-1, ::-1],
+        "channels_last": np.ascontiguousarray(base.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2),
+    }[view]
+    assert not x.flags.c_contiguous
+    for cfg in [dict(kernel_size=2), dict(kernel_size=3, stride=1, padding=1)]:
+        a = cypool.max_pool2d(x, **cfg, return_indices=True)
+        b = cypool.max_pool2d(np.ascontiguousarray(x), **cfg, return_indices=True)
+        assert_same(a[0], b[0])
+        assert_same(a[1], b[1])
+
+
+def test_unbatched_and_int32_indices(rng):
+    x = ref.random_values(rng, (3, 9, 9), np.float64, ties=True)
+    out, idx = cypool.max_pool2d(x, 3, 2, 1, return_indices=True, index_dtype=np.int32)
+    rout, ridx = ref.max_pool2d(x, 3, 2, 1)
+    assert out.shape == (3, 5, 5) and idx.dtype == np.int32
+    assert_same(out, rout)
+    np.testing.assert_array_equal(idx, ridx)
+
+
+@pytest.mark.parametrize("trial", range(20))
+def test_scalar_path_for_huge_planes_agrees(rng, trial):
+    # Planes of 2**31+ elements take the scalar kernel; check it on small ones.
+    shape, cfg = random_config(rng)
+    x = ref.random_values(rng, shape, np.float64, ties=True, specials=trial % 2 == 1)
+    planes = x.reshape(-1, *shape[-2:])
+    out, idx = cypool.max_pool2d(x, **cfg, return_indices=True)
+    kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = cypool._checks.pool_geometry(
+        shape[2], shape[3], cfg["kernel_size"], cfg["stride"], cfg["padding"], cfg["dilation"], cfg["ceil_mode"])
+    o2 = np.empty((planes.shape[0], OH, OW), planes.dtype)
+    i2 = np.empty((planes.shape[0], OH, OW), np.int64)
+    _kernels.max_pool2d_forward(planes, o2, i2, True, True, kh, kw, sh, sw, ph, pw, dh, dw, 1)
+    assert_same(o2.reshape(out.shape), out)
+    assert_same(i2.reshape(idx.shape), idx)
+
+
+def test_threads_give_identical_results(rng):
+    x = ref.random_values(rng, (4, 16, 40, 40), np.float32, ties=True, specials=True)
+    a = cypool.max_pool2d(x, 3, 2, 1, return_indices=True, num_threads=1)
+    b = cypool.max_pool2d(x, 3, 2, 1, return_indices=True, num_threads=2)
+    assert_same(a[0], b[0])
+    assert_same(a[1], b[1])
+    g = ref.random_values(rng, a[0].shape, np.float32)
+    assert_same(cypool.max_pool2d_backward(g, a[1], x.shape, num_threads=1),
+                cypool.max_pool2d_backward(g, a[1], x.shape, num_threads=2))
+
+
+# ---------------------------------------------------------------- backward
+
+@pytest.mark.parametrize("trial", range(30))
+def test_backward_matches_add_at(rng, trial):
+    shape, cfg = random_config(rng)
+    dtype = [np.float32, np.float64][trial % 2]
+    x = ref.random_values(rng, shape, dtype, ties=True)
+    out, idx = cypool.max_pool2d(x, **cfg, return_indices=True)
+    g = ref.random_values(rng, out.shape, dtype)
+    got = cypool.max_pool2d_backward(g, idx, x.shape)
+    want = ref.max_pool2d_backward(g, idx, x.shape)
+    assert got.dtype == want.dtype and got.shape == x.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == np.float32 else 1e-12)
+
+
+def test_backward_overlapping_windows_accumulate():
+    x = np.zeros((1, 1, 3, 3), dtype=np.float64)
+    x[0, 0, 1, 1] = 1.0  # the maximum of all four 2x2 stride-1 windows
+    out, idx = cypool.max_pool2d(x, 2, stride=1, return_indices=True)
+    assert (idx == 4).all()
+    g = cypool.max_pool2d_backward(np.ones_like(out), idx, x.shape)
+    assert g[0, 0, 1, 1] == 4.0 and g.sum() == 4.0
+
+
+def test_backward_sends_tied_gradient_to_one_element_unlike_mask_recipe():
+    # Seed 003's mask recipe sends gradient to every tied maximum; we do not.
+    x = np.ones((1, 1, 2, 2), dtype=np.float32)
+    out, idx = cypool.max_pool2d(x, 2, return_indices=True)
+    g = cypool.max_pool2d_backward(np.ones_like(out), idx, x.shape)
+    np.testing.assert_array_equal(g[0, 0], [[1, 0], [0, 0]])
+
+
+def test_backward_is_deterministic(rng):
+    x = ref.random_values(rng, (2, 8, 33, 33), np.float32, ties=True)
+    out, idx = cypool.max_pool2d(x, 3, 1, 1, return_indices=True)
+    g = ref.random_values(rng, out.shape, np.float32)
+    first = cypool.max_pool2d_backward(g, idx, x.shape)
+    for _ in range(3):
+        assert_same(cypool.max_pool2d_backward(g, idx, x.shape), first)
+
+
+@pytest.mark.parametrize("bad", [-1, 20, 2**40])
+def test_backward_out_of_range_index_raises(bad):
+    idx = np.zeros((1, 1, 2, 2), dtype=np.int64)
+    idx[0, 0, 1, 1] = bad
+    with pytest.raises(ValueError, match="indices"):
+        cypool.max_pool2d_backward(np.ones((1, 1, 2, 2), np.float32), idx, (1, 1, 4, 5))
+
+
+# ---------------------------------------------------------------- unpool
+
+@pytest.mark.parametrize("trial", range(20))
+def test_unpool_matches_reference(rng, trial):
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(2, 9)), int(rng.integers(2, 9)))
+    k, s = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    p = int(rng.integers(0, k // 2 + 1))
+    H, W = shape[-2:]
+    OH, OW = (H - 1) * s - 2 * p + k, (W - 1) * s - 2 * p + k
+    if OH < 1 or OW < 1:
+        return
+    x = ref.random_values(rng, shape, np.float64)
+    idx = rng.integers(0, OH * OW, size=shape)  # repeats included
+    got = cypool.max_unpool2d(x, idx, k, s, p)
+    assert_same(got, ref.max_unpool2d(x, idx, (OH, OW)))
+
+
+def test_unpool_repeated_index_last_wins_and_output_size():
+    x = np.array([[[[1.0, 2.0], [3.0, 4.0]]]])
+    idx = np.array([[[[5, 5], [0, 5]]]])
+    out = cypool.max_unpool2d(x, idx, 2, output_size=(1, 1, 5, 5))
+    assert out.shape == (1, 1, 5, 5)
+    assert out[0, 0, 1, 0] == 4.0 and out[0, 0, 0, 0] == 3.0 and out.sum() == 7.0
+
+
+def test_unpool_inverts_pool(rng):
+    x = ref.random_values(rng, (2, 3, 8, 8), np.float32)
+    out, idx = cypool.max_pool2d(x, 2, return_indices=True)
+    u = cypool.max_unpool2d(out, idx, 2)
+    mask = np.zeros(x.shape, bool)
+    np.put_along_axis(mask.reshape(6, -1), idx.reshape(6, -1), True, axis=1)
+    np.testing.assert_array_equal(u[mask], x[mask])
+    assert (u[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("bad", [-1, 25])
+def test_unpool_out_of_range_index_raises(bad):
+    idx = np.zeros((1, 1, 2, 2), dtype=np.int64)
+    idx[0, 0, 0, 1] = bad
+    with pytest.raises(ValueError, match="indices"):
+        cypool.max_unpool2d(np.ones((1, 1, 2, 2)), idx, 3, 2)
+
+
+# ---------------------------------------------------------------- PyTorch
+
+@pytest.mark.parametrize("trial", range(25))
+def test_matches_torch(rng, trial):
+    torch = torch_or_skip()
+    import torch.nn.functional as F
+    shape, cfg = random_config(rng)
+    x = ref.random_values(rng, shape, np.float32, ties=True)
+    out, idx = cypool.max_pool2d(x, **cfg, return_indices=True)
+    tx = torch.from_numpy(x).requires_grad_(True)
+    tout, tidx = F.max_pool2d(tx, cfg["kernel_size"], cfg["stride"], cfg["padding"], cfg["dilation"],
+                              ceil_mode=cfg["ceil_mode"], return_indices=True)
+    np.testing.assert_array_equal(out, tout.detach().numpy())
+    np.testing.assert_array_equal(idx, tidx.numpy())
+    g = ref.random_values(rng, out.shape, np.float32)
+    tout.backward(torch.from_numpy(g))
+    np.testing.assert_allclose(cypool.max_pool2d_backward(g, idx, x.shape), tx.grad.numpy(), rtol=1e-6)
+    k, s, p = cfg["kernel_size"], cfg["stride"], cfg["padding"]
+    if cfg["dilation"] == (1, 1) and not cfg["ceil_mode"]:
+        u = cypool.max_unpool2d(out, idx, k, s, p, output_size=x.shape)
+        tu = F.max_unpool2d(torch.from_numpy(out), tidx, k, s, p, output_size=x.shape[-2:])
+        np.testing.assert_array_equal(u, tu.numpy())
+
+
+def test_torch_agrees_except_nan_index(rng):
+    torch = torch_or_skip()
+    import torch.nn.functional as F
+    x = ref.random_values(rng, (2, 3, 12, 12), np.float32, specials=True)
+    out, idx = cypool.max_pool2d(x, 3, 2, 1, return_indices=True)
+    tout, tidx = F.max_pool2d(torch.from_numpy(x), 3, 2, 1, return_indices=True)
+    np.testing.assert_array_equal(out, tout.numpy())
+    nan = np.isnan(out)
+    np.testing.assert_array_equal(idx[~nan], tidx.numpy()[~nan])
