@@ -345,6 +345,21 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
         raise MemoryError("cypool.max_pool2d: out of memory for per-thread buffers")
 
 
+cdef inline Py_ssize_t _scatter_add(value_t* gi, Py_ssize_t hw, const value_t* go,
+                                    const index_t* ix, Py_ssize_t n) noexcept nogil:
+    """gi[:hw] = 0, then gi[ix[q]] += go[q]; returns how many ix were out of range."""
+    cdef Py_ssize_t q, bad = 0
+    cdef index_t at
+    memset(gi, 0, hw * sizeof(value_t))
+    for q in range(n):
+        at = ix[q]
+        if at >= 0 and at < hw:
+            gi[at] = gi[at] + go[q]
+        else:
+            bad += 1
+    return bad
+
+
 def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
                         const index_t[:, ::1] indices,      # IN  (P, OH*OW)
                         value_t[:, ::1] grad_input,         # OUT (P, H*W), fully written
@@ -352,28 +367,14 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
     """Scatter-add grad_output into zeroed planes at indices.
 
     Returns the number of indices outside [0, H*W); those are skipped, never
-    written, and the caller raises.
+    written, and the caller raises. Each plane is zeroed just before its
+    scatter, so it is still in L1 when the scatter writes it.
     """
     cdef Py_ssize_t P = grad_output.shape[0], n = grad_output.shape[1]
-    cdef Py_ssize_t hw = grad_input.shape[1], p, q
+    cdef Py_ssize_t hw = grad_input.shape[1], p
     cdef Py_ssize_t bad = 0
-    cdef index_t at
-    cdef value_t* gi
-    cdef const value_t* go
-    cdef const index_t* ix
     for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
-        gi = &grad_input[p, 0]
-        memset(gi, 0, hw * sizeof(value_t))
-        if n == 0:
-            continue
-        go = &grad_output[p, 0]
-        ix = &indices[p, 0]
-        for q in range(n):
-            at = ix[q]
-            if at >= 0 and at < hw:
-                gi[at] = gi[at] + go[q]
-            else:
-                bad += 1
+        bad += _scatter_add(&grad_input[p, 0], hw, &grad_output[p, 0], &indices[p, 0], n)
     return bad
 
 

@@ -1,0 +1,120 @@
+"""Timing harness shared by the benchmarks.
+
+The machines this runs on are noisy, so every comparison is:
+* interleaved: each repeat times every peer once, in turn, so that drift and
+  neighbours' load hit all peers alike;
+* a median over the repeats;
+* reported as ratios to cypool, measured in the same run on the same thread
+  count (torch.set_num_threads, numba.set_num_threads and cypool's
+  num_threads are all set to --threads).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import time
+
+
+def optional(name):
+    """The module, or None when it is not installed (or fails to import)."""
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        return None
+
+
+torch = optional("torch")
+numba = optional("numba")
+
+
+def default_threads() -> int:
+    from cypool import _kernels
+
+    return _kernels.max_threads()
+
+
+def set_threads(n: int) -> None:
+    """Give every installed peer n threads."""
+    if torch is not None:
+        torch.set_num_threads(n)
+    if numba is not None:
+        try:
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        except Exception:
+            pass
+
+
+def peers_report() -> str:
+    have = ["numpy"] + [n for n, m in [("torch", torch), ("numba", numba)] if m is not None]
+    miss = [n for n, m in [("torch", torch), ("numba", numba)] if m is None]
+    line = "peers measured: " + ", ".join(have)
+    if miss:
+        line += "; missing (not measured): " + ", ".join(miss)
+    return line
+
+
+def compare(fns: dict, repeats: int = 15, min_time: float = 0.0) -> dict:
+    """Median seconds per call of each fn, timed interleaved.
+
+    Each fn is called once to warm up. A repeat that is very short times
+    several calls and divides, so that timer resolution does not matter.
+    """
+    inner = {}
+    for name, fn in fns.items():
+        t = time.perf_counter()
+        fn()
+        el = time.perf_counter() - t
+        inner[name] = max(1, int(2e-3 / max(el, 1e-7))) if el < 2e-3 else 1
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            n = inner[name]
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name].append((time.perf_counter() - t) / n)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def fmt_ms(s: float) -> str:
+    return f"{s * 1e3:9.3f}"
+
+
+def table(title: str, rows: list[tuple[str, dict]], base: str = "cypool") -> str:
+    """Markdown table: one row per case, median ms per peer and peer/cypool ratios."""
+    peers = []
+    for _, res in rows:
+        for k in res:
+            if k not in peers:
+                peers.append(k)
+    others = [p for p in peers if p != base]
+    head = "| case | " + " | ".join(f"{p} ms" for p in peers) + " | " + " | ".join(
+        f"{p} / {base}" for p in others) + " |"
+    sep = "|" + "---|" * (1 + len(peers) + len(others))
+    lines = [f"### {title}", "", head, sep]
+    for case, res in rows:
+        cells = [fmt_ms(res[p]).strip() if p in res else "-" for p in peers]
+        ratios = [f"{res[p] / res[base]:.2f}x" if p in res and base in res else "-" for p in others]
+        lines.append(f"| {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def arg_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for cypool and every peer (default: OpenMP's default)")
+    p.add_argument("--repeats", type=int, default=15, help="interleaved repeats per case (median)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats and smaller shapes, for smoke tests")
+    return p
+
+
+def machine_line(threads: int) -> str:
+    import numpy as np
+
+    import cypool
+
+    tv = f", torch {torch.__version__}" if torch is not None else ""
+    return (f"cypool {cypool.__version__}, numpy {np.__version__}{tv}; "
+            f"{threads} thread(s) for every peer; {os.cpu_count()} CPUs visible")
