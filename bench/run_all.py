@@ -8,9 +8,10 @@ medians and ratios, measured interleaved in one run on one thread count.
 """
 import sys
 
+import bench_argmax
 import bench_maxpool
 
-BENCHES = [bench_maxpool]
+BENCHES = [bench_maxpool, bench_argmax]
 
 
 def main(argv=None):

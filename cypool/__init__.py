@@ -3,10 +3,13 @@
 Cython + OpenMP kernels behind numpy functions and layer classes:
 
 * :func:`max_pool2d`, :func:`max_pool2d_backward`, :func:`max_unpool2d` and
-  the layers :class:`MaxPool2d`, :class:`MaxUnpool2d`.
+  the layers :class:`MaxPool2d`, :class:`MaxUnpool2d`;
+* :func:`argmax2d`, the (row, col) of every feature map's maximum, and the
+  layer :class:`GlobalMaxPool2d`.
 """
+from .argmax import argmax2d
 from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
-from .layers import Layer, MaxPool2d, MaxUnpool2d
+from .layers import GlobalMaxPool2d, Layer, MaxPool2d, MaxUnpool2d
 
 __version__ = "0.1.0"
 
@@ -17,5 +20,7 @@ __all__ = [
     "Layer",
     "MaxPool2d",
     "MaxUnpool2d",
+    "argmax2d",
+    "GlobalMaxPool2d",
     "__version__",
 ]

@@ -44,6 +44,18 @@ cdef inline bint takes_over(value_t v, value_t m) noexcept nogil:
     return (m == m) & (not (v <= m))
 
 
+cdef inline value_t _lowest(value_t* like) noexcept nogil:
+    """The padding value: -inf for floats, the minimum for integers."""
+    if value_t is float:
+        return -INFINITY
+    elif value_t is double:
+        return -INFINITY
+    elif value_t is int32_t:
+        return INT32_MIN
+    else:
+        return INT64_MIN
+
+
 def openmp_info():
     """(compiled with OpenMP, _OPENMP version macro, omp_get_max_threads())."""
     return bool(CYPOOL_HAVE_OPENMP), int(CYPOOL_OPENMP_VERSION), omp_get_max_threads()

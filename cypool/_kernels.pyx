@@ -2,3 +2,4 @@
 # variant is a single extension. Directives are set once, in setup.py.
 include "_common.pxi"
 include "_maxpool.pxi"
+include "_argmax.pxi"

@@ -41,18 +41,6 @@ cdef inline void _valid_taps(Py_ssize_t start, Py_ssize_t k, Py_ssize_t d,
         hi[0] = k
 
 
-cdef inline value_t _lowest(value_t* like) noexcept nogil:
-    """The padding value: -inf for floats, the minimum for integers."""
-    if value_t is float:
-        return -INFINITY
-    elif value_t is double:
-        return -INFINITY
-    elif value_t is int32_t:
-        return INT32_MIN
-    else:
-        return INT64_MIN
-
-
 cdef inline void _window_scalar(const value_t* xp, const PoolGeom* g, Py_ssize_t h0,
                                 Py_ssize_t i_lo, Py_ssize_t i_hi, Py_ssize_t ow,
                                 value_t* best, Py_ssize_t* where) noexcept nogil:

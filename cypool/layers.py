@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
+from .argmax import argmax2d
 from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
 from ._backend import kernels, threads_for
 
-__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d"]
+__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d"]
 
 
 class Layer:
@@ -146,3 +147,45 @@ class MaxUnpool2d(Layer):
 
     def __repr__(self):
         return f"MaxUnpool2d(kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding})"
+
+
+class GlobalMaxPool2d(Layer):
+    """Global max pooling: ``(N, C, H, W)`` (or ``(C, H, W)``) to ``(N, C)``.
+
+    In training mode ``forward`` keeps the argmax of every map;
+    ``self.coords`` holds them as ``[row, col]`` (shape ``(N, C, 2)``), for
+    uses such as centring a mask on each map's maximum. ``backward`` sends each
+    gradient to its map's argmax and zero elsewhere.
+    """
+
+    def __init__(self, *, num_threads=None):
+        super().__init__()
+        self.num_threads = num_threads
+        chk.num_threads_arg(num_threads)
+
+    @property
+    def coords(self):
+        """``[row, col]`` of each map's maximum from the last training forward."""
+        return None if self._cache is None else self._cache[0]
+
+    def forward(self, x):
+        """Per-map maxima of x."""
+        x = chk.array(x, "x", (3, 4))
+        values, coords = argmax2d(x, return_values=True, num_threads=self.num_threads)
+        if self.training:
+            self._cache = (coords, x.shape)
+        return values
+
+    def backward(self, grad_output):
+        """Gradient with respect to the last forward's input."""
+        coords, shape = self._saved()
+        grad_output = chk.array(grad_output, "grad_output", (1, 2))
+        if grad_output.shape != shape[:-2]:
+            raise ValueError(f"grad_output shape {grad_output.shape} must be {shape[:-2]}")
+        flat = coords[..., 0] * shape[-1] + coords[..., 1]
+        # One "window" per map: the max-pool scatter does exactly this.
+        return max_pool2d_backward(grad_output[..., None, None], flat[..., None, None], shape,
+                                   num_threads=self.num_threads)
+
+    def __repr__(self):
+        return "GlobalMaxPool2d()"

@@ -1,0 +1,124 @@
+/* Chunk maximum for the argmax kernel (cypool/_argmax.pxi).
+ *
+ * gcc 12 does not vectorise a NaN-aware max over lanes written in Cython, so
+ * this one loop is written with SSE2 intrinsics (x86-64 baseline): MAXPS
+ * computes exactly v > m ? v : m, and CMPUNORDPS flags NaN. Other targets
+ * get the plain loop. Returns 1 if x[:n] holds a NaN; *out gets the maximum
+ * of the non-NaN values (or -inf). cypool_first_* finds the position a
+ * chunk's maximum (or first NaN) came from, four or two lanes at a time.
+ */
+#ifndef CYPOOL_SIMD_H
+#define CYPOOL_SIMD_H
+#include <math.h>
+#include <stddef.h>
+#if defined(__SSE2__) || defined(_M_X64)
+#include <emmintrin.h>
+
+static inline int cypool_chunk_max_f32(const float *x, ptrdiff_t n, float *out)
+{
+    __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m128 u0 = _mm_setzero_ps(), u1 = u0, u2 = u0, u3 = u0;
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m128 a = _mm_loadu_ps(x + i), b = _mm_loadu_ps(x + i + 4);
+        __m128 c = _mm_loadu_ps(x + i + 8), d = _mm_loadu_ps(x + i + 12);
+        m0 = _mm_max_ps(a, m0); m1 = _mm_max_ps(b, m1);
+        m2 = _mm_max_ps(c, m2); m3 = _mm_max_ps(d, m3);
+        u0 = _mm_or_ps(u0, _mm_cmpunord_ps(a, a)); u1 = _mm_or_ps(u1, _mm_cmpunord_ps(b, b));
+        u2 = _mm_or_ps(u2, _mm_cmpunord_ps(c, c)); u3 = _mm_or_ps(u3, _mm_cmpunord_ps(d, d));
+    }
+    m0 = _mm_max_ps(_mm_max_ps(m0, m1), _mm_max_ps(m2, m3));
+    u0 = _mm_or_ps(_mm_or_ps(u0, u1), _mm_or_ps(u2, u3));
+    float lanes[4];
+    _mm_storeu_ps(lanes, m0);
+    float m = lanes[0];
+    for (int l = 1; l < 4; l++) m = lanes[l] > m ? lanes[l] : m;
+    int nan = _mm_movemask_ps(u0) != 0;
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    *out = m;
+    return nan;
+}
+
+static inline int cypool_chunk_max_f64(const double *x, ptrdiff_t n, double *out)
+{
+    __m128d m0 = _mm_set1_pd(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m128d u0 = _mm_setzero_pd(), u1 = u0, u2 = u0, u3 = u0;
+    ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128d a = _mm_loadu_pd(x + i), b = _mm_loadu_pd(x + i + 2);
+        __m128d c = _mm_loadu_pd(x + i + 4), d = _mm_loadu_pd(x + i + 6);
+        m0 = _mm_max_pd(a, m0); m1 = _mm_max_pd(b, m1);
+        m2 = _mm_max_pd(c, m2); m3 = _mm_max_pd(d, m3);
+        u0 = _mm_or_pd(u0, _mm_cmpunord_pd(a, a)); u1 = _mm_or_pd(u1, _mm_cmpunord_pd(b, b));
+        u2 = _mm_or_pd(u2, _mm_cmpunord_pd(c, c)); u3 = _mm_or_pd(u3, _mm_cmpunord_pd(d, d));
+    }
+    m0 = _mm_max_pd(_mm_max_pd(m0, m1), _mm_max_pd(m2, m3));
+    u0 = _mm_or_pd(_mm_or_pd(u0, u1), _mm_or_pd(u2, u3));
+    double lanes[2];
+    _mm_storeu_pd(lanes, m0);
+    double m = lanes[1] > lanes[0] ? lanes[1] : lanes[0];
+    int nan = _mm_movemask_pd(u0) != 0;
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    *out = m;
+    return nan;
+}
+
+/* First i with x[i] == t (t not NaN), or with x[i] NaN when want_nan. */
+static inline ptrdiff_t cypool_first_f32(const float *x, ptrdiff_t n, float t, int want_nan)
+{
+    __m128 tv = _mm_set1_ps(t);
+    ptrdiff_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m128 a = _mm_loadu_ps(x + i);
+        int mask = _mm_movemask_ps(want_nan ? _mm_cmpunord_ps(a, a) : _mm_cmpeq_ps(a, tv));
+        if (mask) return i + __builtin_ctz(mask);
+    }
+    for (; i < n; i++)
+        if (want_nan ? x[i] != x[i] : x[i] == t) return i;
+    return 0;
+}
+
+static inline ptrdiff_t cypool_first_f64(const double *x, ptrdiff_t n, double t, int want_nan)
+{
+    __m128d tv = _mm_set1_pd(t);
+    ptrdiff_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        __m128d a = _mm_loadu_pd(x + i);
+        int mask = _mm_movemask_pd(want_nan ? _mm_cmpunord_pd(a, a) : _mm_cmpeq_pd(a, tv));
+        if (mask) return i + __builtin_ctz(mask);
+    }
+    for (; i < n; i++)
+        if (want_nan ? x[i] != x[i] : x[i] == t) return i;
+    return 0;
+}
+#else
+#define CYPOOL_FIRST(T, NAME)                                            \
+    static inline ptrdiff_t NAME(const T *x, ptrdiff_t n, T t, int want_nan) \
+    {                                                                    \
+        for (ptrdiff_t i = 0; i < n; i++)                                \
+            if (want_nan ? x[i] != x[i] : x[i] == t) return i;           \
+        return 0;                                                        \
+    }
+CYPOOL_FIRST(float, cypool_first_f32)
+CYPOOL_FIRST(double, cypool_first_f64)
+#define CYPOOL_CHUNK_MAX(T, NAME)                                        \
+    static inline int NAME(const T *x, ptrdiff_t n, T *out)              \
+    {                                                                    \
+        T m = -INFINITY; int nan = 0;                                    \
+        for (ptrdiff_t i = 0; i < n; i++) {                              \
+            m = x[i] > m ? x[i] : m;                                     \
+            nan |= x[i] != x[i];                                         \
+        }                                                                \
+        *out = m;                                                        \
+        return nan;                                                      \
+    }
+CYPOOL_CHUNK_MAX(float, cypool_chunk_max_f32)
+CYPOOL_CHUNK_MAX(double, cypool_chunk_max_f64)
+#endif
+#endif
