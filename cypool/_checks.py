@@ -119,6 +119,20 @@ def index_array(indices, name: str = "indices") -> np.ndarray:
     raise TypeError(f"{name} must be an integer array (int32 or int64), got {indices.dtype}")
 
 
+def window_params(kernel_size, stride, padding):
+    """Checked (kh, kw, sh, sw, ph, pw); stride defaults to kernel_size."""
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = (kh, kw) if stride is None else pair(stride, "stride")
+    ph, pw = pair(padding, "padding")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
+    if sh < 1 or sw < 1:
+        raise ValueError(f"stride must be positive, got {(sh, sw)}")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    return kh, kw, sh, sw, ph, pw
+
+
 def _out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
     """torch.nn.MaxPool2d's output length along one dimension."""
     span = n + 2 * p - d * (k - 1) - 1
@@ -141,17 +155,11 @@ def _has_window_in_padding(n: int, out: int, k: int, s: int, p: int, d: int) -> 
 @lru_cache(maxsize=512)
 def pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
     """Checked (kh, kw, sh, sw, ph, pw, dh, dw, OH, OW) of a max pooling."""
-    kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = (kh, kw) if stride is None else pair(stride, "stride")
-    ph, pw = pair(padding, "padding")
+    kh, kw, sh, sw, ph, pw = window_params(kernel_size, stride, padding)
     dh, dw = pair(dilation, "dilation")
-    if kh < 1 or kw < 1:
-        raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
-    if sh < 1 or sw < 1:
-        raise ValueError(f"stride must be positive, got {(sh, sw)}")
     if dh < 1 or dw < 1:
         raise ValueError(f"dilation must be positive, got {(dh, dw)}")
-    if ph < 0 or pw < 0 or ph > kh // 2 or pw > kw // 2:
+    if ph > kh // 2 or pw > kw // 2:
         raise ValueError(
             f"padding must be between 0 and kernel_size // 2 = {(kh // 2, kw // 2)}, got {(ph, pw)}"
         )
@@ -184,15 +192,7 @@ def shape_arg(shape, name: str, ndim: int) -> tuple[int, ...]:
 @lru_cache(maxsize=512)
 def unpool_geometry(H: int, W: int, kernel_size, stride, padding, output_size):
     """Checked (OH, OW) of a max unpooling, as torch.nn.MaxUnpool2d sizes it."""
-    kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = (kh, kw) if stride is None else pair(stride, "stride")
-    ph, pw = pair(padding, "padding")
-    if kh < 1 or kw < 1:
-        raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
-    if sh < 1 or sw < 1:
-        raise ValueError(f"stride must be positive, got {(sh, sw)}")
-    if ph < 0 or pw < 0:
-        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    kh, kw, sh, sw, ph, pw = window_params(kernel_size, stride, padding)
     dflt = ((H - 1) * sh - 2 * ph + kh, (W - 1) * sw - 2 * pw + kw)
     if output_size is None:
         size = dflt

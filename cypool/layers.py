@@ -68,10 +68,7 @@ class MaxPool2d(Layer):
         self.index_dtype = index_dtype
         self.num_threads = num_threads
         # Check the parameters now, not at the first forward.
-        chk.pair(kernel_size, "kernel_size")
-        if stride is not None:
-            chk.pair(stride, "stride")
-        chk.pair(padding, "padding")
+        chk.window_params(kernel_size, stride, padding)
         chk.pair(dilation, "dilation")
         chk.num_threads_arg(num_threads)
 
@@ -114,10 +111,7 @@ class MaxUnpool2d(Layer):
         self.stride = stride
         self.padding = padding
         self.num_threads = num_threads
-        chk.pair(kernel_size, "kernel_size")
-        if stride is not None:
-            chk.pair(stride, "stride")
-        chk.pair(padding, "padding")
+        chk.window_params(kernel_size, stride, padding)
         chk.num_threads_arg(num_threads)
 
     def forward(self, x, indices, output_size=None):
