@@ -72,7 +72,8 @@ def measure(x, n, reps, nb, with_nested):
 
 def main(argv=None):
     p = arg_parser(__doc__.splitlines()[0])
-    p.add_argument("--plot", default="bench/results/argmax.png", help="where to save the plot (needs matplotlib)")
+    p.add_argument("--plot", default="bench/results/argmax-latest.png",
+                   help="where to save the plot (needs matplotlib); the README shows argmax.png")
     args = p.parse_args(argv)
     n = args.threads or default_threads()
     set_threads(n)
