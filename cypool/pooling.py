@@ -95,6 +95,27 @@ def _check_indices_like(values, indices, vname: str):
         raise ValueError(f"indices shape {indices.shape} does not match {vname} shape {values.shape}")
 
 
+def _place(kernel, values, vname, indices, out_shape, num_threads, bound):
+    """Run a kernel that writes values (..., h, w) at flat indices into zeroed
+    planes of out_shape (scatter-add for backward, assignment for unpool).
+
+    The kernel skips and counts indices outside the output plane; any such
+    index is a ValueError and the result is discarded.
+    """
+    nt = chk.num_threads_arg(num_threads)
+    kd = chk.kernel_dtype(values.dtype, vname)
+    n = values.shape[-2] * values.shape[-1]
+    src = chk.contiguous(values, kd).reshape(-1, n)
+    ix = chk.contiguous(indices, indices.dtype).reshape(-1, n)
+    P = src.shape[0]
+    out = np.empty((P, out_shape[-2] * out_shape[-1]), dtype=kd)
+    bad = kernel(src, ix, out, threads_for(nt, out.size + 2 * src.size, P))
+    if bad:
+        raise ValueError(f"indices: {bad} entries lie outside {bound} = [0, {out.shape[1]})")
+    out = out.reshape(out_shape)
+    return out if kd == values.dtype else out.astype(values.dtype)
+
+
 def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
     """Gradient of :func:`max_pool2d` with respect to its input.
 
@@ -136,17 +157,8 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
             f"input_shape {shape} cannot have produced an output of {(OH, OW)}: "
             "max pooling gives at most (H + 1, W + 1)"
         )
-    nt = chk.num_threads_arg(num_threads)
-    kd = chk.kernel_dtype(grad_output.dtype, "grad_output")
-    go = chk.contiguous(grad_output, kd).reshape(-1, OH * OW)
-    ix = chk.contiguous(indices, indices.dtype).reshape(-1, OH * OW)
-    P = go.shape[0]
-    gi = np.empty((P, H * W), dtype=kd)
-    bad = kernels.max_pool2d_backward(go, ix, gi, threads_for(nt, gi.size + 2 * go.size, P))
-    if bad:
-        raise ValueError(f"indices: {bad} entries lie outside [0, H*W) = [0, {H * W})")
-    gi = gi.reshape(shape)
-    return gi if kd == grad_output.dtype else gi.astype(grad_output.dtype)
+    return _place(kernels.max_pool2d_backward, grad_output, "grad_output", indices, shape,
+                  num_threads, "[0, H*W)")
 
 
 def max_unpool2d(x, indices, kernel_size, stride=None, padding=0, output_size=None, *, num_threads=None):
@@ -185,14 +197,5 @@ def max_unpool2d(x, indices, kernel_size, stride=None, padding=0, output_size=No
     if isinstance(output_size, list):
         output_size = tuple(output_size)
     OH, OW = chk.unpool_geometry(H, W, kernel_size, stride, padding, output_size)
-    nt = chk.num_threads_arg(num_threads)
-    kd = chk.kernel_dtype(x.dtype, "x")
-    xv = chk.contiguous(x, kd).reshape(-1, H * W)
-    ix = chk.contiguous(indices, indices.dtype).reshape(-1, H * W)
-    P = xv.shape[0]
-    out = np.empty((P, OH * OW), dtype=kd)
-    bad = kernels.max_unpool2d(xv, ix, out, threads_for(nt, out.size + 2 * xv.size, P))
-    if bad:
-        raise ValueError(f"indices: {bad} entries lie outside [0, OH*OW) = [0, {OH * OW})")
-    out = out.reshape(x.shape[:-2] + (OH, OW))
-    return out if kd == x.dtype else out.astype(x.dtype)
+    return _place(kernels.max_unpool2d, x, "x", indices, x.shape[:-2] + (OH, OW),
+                  num_threads, "[0, OH*OW)")

@@ -6,6 +6,17 @@ import cypool
 import reference as ref
 
 
+def numeric_grad(f, x, eps):
+    """Central finite differences of the scalar function f at x."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[i] += eps
+        xm[i] -= eps
+        g[i] = (f(xp) - f(xm)) / (2 * eps)
+    return g
+
+
 def test_maxpool_layer_train_eval(rng):
     x = ref.random_values(rng, (2, 3, 8, 8), np.float32, ties=True)
     layer = cypool.MaxPool2d(2)
@@ -44,13 +55,7 @@ def test_maxpool_gradient_is_the_derivative(rng):
     layer = cypool.MaxPool2d(3, stride=2, padding=1)
     w = rng.standard_normal(layer(x).shape)
     analytic = layer.backward(w)
-    eps = 1e-4
-    numeric = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[i] += eps
-        xm[i] -= eps
-        numeric[i] = ((layer(xp) * w).sum() - (layer(xm) * w).sum()) / (2 * eps)
+    numeric = numeric_grad(lambda v: (layer(v) * w).sum(), x, 1e-4)
     np.testing.assert_allclose(analytic, numeric, atol=1e-6)
 
 
@@ -61,13 +66,7 @@ def test_unpool_layer_backward_is_exact_gradient(rng):
     out = layer(x, idx)
     w = rng.standard_normal(out.shape)
     analytic = layer.backward(w)
-    eps = 1e-6
-    numeric = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[i] += eps
-        xm[i] -= eps
-        numeric[i] = ((layer(xp, idx) * w).sum() - (layer(xm, idx) * w).sum()) / (2 * eps)
+    numeric = numeric_grad(lambda v: (layer(v, idx) * w).sum(), x, 1e-6)
     np.testing.assert_allclose(analytic, numeric, atol=1e-6)
     with pytest.raises(ValueError, match="grad_output"):
         layer.backward(w[..., :1])
