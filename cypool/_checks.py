@@ -25,7 +25,9 @@ _WIDEN = {
     np.dtype(np.uint16): np.dtype(np.int32),
     np.dtype(np.uint32): np.dtype(np.int64),
 }
+_COMPUTE = {**{d: d for d in KERNEL_DTYPES}, **_WIDEN}
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+_INDEX_ARGS = {np.int64: INDEX_DTYPES[1], np.int32: INDEX_DTYPES[0]}
 INT32_LIMIT = 2**31
 _INT32_MAX = INT32_LIMIT - 1
 
@@ -62,8 +64,8 @@ def num_threads_arg(num_threads) -> int:
 
 def kernel_dtype(dtype: np.dtype, name: str, floating_only: bool = False) -> np.dtype:
     """The dtype the kernels compute in for an array of this dtype."""
-    if dtype in KERNEL_DTYPES or dtype in _WIDEN:
-        kd = _WIDEN.get(dtype, dtype)
+    kd = _COMPUTE.get(dtype)
+    if kd is not None:
         if floating_only and kd not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be float32 or float64, got {dtype}")
         return kd
@@ -73,30 +75,33 @@ def kernel_dtype(dtype: np.dtype, name: str, floating_only: bool = False) -> np.
     )
 
 
-def array(x, name: str, ndims: tuple[int, ...], floating_only: bool = False) -> np.ndarray:
-    """x as an ndarray of an accepted dtype and rank, with no empty dimension."""
+def array(x, name: str, ndims: tuple[int, ...], floating_only: bool = False):
+    """(x as an ndarray of an accepted dtype and rank with no empty dimension,
+    the dtype the kernels compute it in)."""
     if not isinstance(x, np.ndarray):
         if hasattr(x, "__array__") or isinstance(x, (list, tuple)):
             x = np.asarray(x)
         else:
             raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
-    kernel_dtype(x.dtype, name, floating_only)
+    kd = kernel_dtype(x.dtype, name, floating_only)
     if x.ndim not in ndims:
         want = " or ".join(str(n) for n in ndims)
         raise ValueError(f"{name} must have {want} dimensions, got shape {x.shape}")
     if 0 in x.shape:
         raise ValueError(f"{name} must not have an empty dimension, got shape {x.shape}")
-    return x
+    return x, kd
 
 
 def contiguous(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """A C-contiguous array of dtype; no copy when x already is one."""
+    if x.dtype == dtype and x.flags.c_contiguous:
+        return x
     return np.ascontiguousarray(x, dtype=dtype)
 
 
 def index_dtype_arg(index_dtype, plane_size: int) -> np.dtype:
     try:
-        dt = np.dtype(index_dtype)
+        dt = _INDEX_ARGS.get(index_dtype) or np.dtype(index_dtype)
     except TypeError:
         raise TypeError(f"index_dtype must be np.int32 or np.int64, got {index_dtype!r}") from None
     if dt not in INDEX_DTYPES:
@@ -181,7 +186,10 @@ def pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_m
 def shape_arg(shape, name: str, ndim: int) -> tuple[int, ...]:
     if not isinstance(shape, (tuple, list)):
         raise TypeError(f"{name} must be a tuple of ints, got {type(shape).__name__}")
-    shape = tuple(as_int(s, name) for s in shape)
+    try:
+        shape = tuple(map(operator.index, shape))
+    except TypeError:
+        raise TypeError(f"{name} must be a tuple of ints, got {shape!r}") from None
     if len(shape) != ndim:
         raise ValueError(f"{name} must have {ndim} entries to match grad_output, got {shape}")
     if any(s < 1 for s in shape):

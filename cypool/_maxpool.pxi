@@ -179,37 +179,45 @@ cdef inline void _row_generic(const value_t** rows, value_t* orow, index_t* irow
 
 
 cdef struct Workspace:
-    # One per thread.
+    # One per thread, allocated as one block by _workspace_new.
     void* ring             # R padded rows of Wp values (unless direct_cols)
     Py_ssize_t* tag        # input row held by each ring slot, -1 for none
     void** rows            # kh row pointers for the current output row
     int32_t* code          # per-column window codes (generic path)
 
 
-cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize) noexcept nogil:
-    """Allocate one thread's workspace; NULL when out of memory."""
-    cdef Workspace* ws = <Workspace*>calloc(1, sizeof(Workspace))
-    if ws == NULL:
+cdef inline size_t _round_up(size_t n) noexcept nogil:
+    return (n + 63) & ~(<size_t>63)
+
+
+cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) noexcept nogil:
+    """Allocate one thread's workspace in a single block, ring rows filled
+    with low (which also types the ring); NULL when out of memory.
+
+    One allocation rather than five: at batch size 1 the allocator is a
+    visible share of a call."""
+    cdef Py_ssize_t q
+    cdef size_t n_ring = 0 if g.direct_cols else g.R * g.Wp
+    cdef size_t n_tag = 0 if g.direct_cols else g.R
+    cdef size_t off_rows = _round_up(sizeof(Workspace))
+    cdef size_t off_tag = off_rows + _round_up(g.kh * sizeof(void*))
+    cdef size_t off_ring = off_tag + _round_up(n_tag * sizeof(Py_ssize_t))
+    cdef size_t off_code = off_ring + _round_up(n_ring * itemsize)
+    cdef char* block = <char*>malloc(off_code + g.OW * sizeof(int32_t))
+    cdef Workspace* ws = <Workspace*>block
+    if block == NULL:
         return NULL
-    ws.rows = <void**>malloc(g.kh * sizeof(void*))
-    ws.code = <int32_t*>malloc(g.OW * sizeof(int32_t))
-    if not g.direct_cols:
-        ws.ring = malloc(g.R * g.Wp * itemsize)
-        ws.tag = <Py_ssize_t*>malloc(g.R * sizeof(Py_ssize_t))
-    if ws.rows == NULL or ws.code == NULL or (
-            not g.direct_cols and (ws.ring == NULL or ws.tag == NULL)):
-        _workspace_free(ws)
-        return NULL
+    ws.rows = <void**>(block + off_rows)
+    ws.tag = <Py_ssize_t*>(block + off_tag) if n_tag else NULL
+    ws.ring = <void*>(block + off_ring) if n_ring else NULL
+    ws.code = <int32_t*>(block + off_code)
+    for q in range(<Py_ssize_t>n_ring):
+        (<value_t*>ws.ring)[q] = low
     return ws
 
 
-cdef void _workspace_free(Workspace* ws) noexcept nogil:
-    if ws != NULL:
-        free(ws.ring)
-        free(ws.tag)
-        free(ws.rows)
-        free(ws.code)
-        free(ws)
+cdef inline void _workspace_free(Workspace* ws) noexcept nogil:
+    free(ws)
 
 
 cdef inline const value_t* _input_row(const value_t* xp, const value_t* low_row,
@@ -285,7 +293,6 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     cdef value_t* low_row = NULL
     cdef int32_t* kcol = NULL
     cdef Workspace* ws
-    cdef Py_ssize_t q
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
@@ -303,32 +310,39 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     # of each column's first valid tap (nonzero only where it starts in the
     # left padding).
     n_low = max(g.Wp, g.W)
-    low_row = <value_t*>malloc(n_low * sizeof(value_t))
-    kcol = <int32_t*>malloc(g.OW * sizeof(int32_t))
-    if low_row == NULL or kcol == NULL:
-        free(low_row)
-        free(kcol)
+    low_row = <value_t*>malloc(n_low * sizeof(value_t) + g.OW * sizeof(int32_t))
+    if low_row == NULL:
         raise MemoryError("cypool.max_pool2d: out of memory")
+    kcol = <int32_t*>(low_row + n_low)
     for ow in range(n_low):
         low_row[ow] = low
     for ow in range(g.OW):
         _valid_taps(ow * sw - pw, kw, dw, g.W, &j_lo, &j_hi)
         kcol[ow] = <int32_t>(j_lo * dw)
-    with nogil, parallel(num_threads=num_threads):
-        ws = _workspace_new(&g, sizeof(value_t))
-        if ws == NULL:
-            fail[0] = 1
-        else:
-            if not g.direct_cols:
-                for q in range(g.R * g.Wp):
-                    (<value_t*>ws.ring)[q] = low
-            for p in prange(P, schedule="static"):
-                _pool_plane(&x[p, 0, 0], &out[p, 0, 0],
-                            &indices[p, 0, 0] if with_indices else NULL,
-                            low_row, kcol, ws, &g, scalar_only)
-            _workspace_free(ws)
+    if num_threads == 1:
+        # Small calls: no parallel region at all, not even a team of one.
+        with nogil:
+            ws = _workspace_new(&g, sizeof(value_t), low)
+            if ws == NULL:
+                fail[0] = 1
+            else:
+                for p in range(P):
+                    _pool_plane(&x[p, 0, 0], &out[p, 0, 0],
+                                &indices[p, 0, 0] if with_indices else NULL,
+                                low_row, kcol, ws, &g, scalar_only)
+                _workspace_free(ws)
+    else:
+        with nogil, parallel(num_threads=num_threads):
+            ws = _workspace_new(&g, sizeof(value_t), low)
+            if ws == NULL:
+                fail[0] = 1
+            else:
+                for p in prange(P, schedule="static"):
+                    _pool_plane(&x[p, 0, 0], &out[p, 0, 0],
+                                &indices[p, 0, 0] if with_indices else NULL,
+                                low_row, kcol, ws, &g, scalar_only)
+                _workspace_free(ws)
     free(low_row)
-    free(kcol)
     if failed[0]:
         raise MemoryError("cypool.max_pool2d: out of memory for per-thread buffers")
 
@@ -361,6 +375,11 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
     cdef Py_ssize_t P = grad_output.shape[0], n = grad_output.shape[1]
     cdef Py_ssize_t hw = grad_input.shape[1], p
     cdef Py_ssize_t bad = 0
+    if num_threads == 1:
+        with nogil:
+            for p in range(P):
+                bad += _scatter_add(&grad_input[p, 0], hw, &grad_output[p, 0], &indices[p, 0], n)
+        return bad
     for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
         bad += _scatter_add(&grad_input[p, 0], hw, &grad_output[p, 0], &indices[p, 0], n)
     return bad

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
-from ._backend import kernels, threads_for, SERIAL_BELOW
+from ._backend import SERIAL_BELOW, kernel, threads_for
 
 __all__ = ["argmax2d"]
 
@@ -41,12 +41,11 @@ def argmax2d(x, *, return_values=False, index_dtype=np.int64, num_threads=None):
     values : ndarray, shape (...), dtype of x
         Only with ``return_values=True``, returned first: ``(values, coords)``.
     """
-    x = chk.array(x, "x", tuple(range(2, 33)))
+    x, kd = chk.array(x, "x", tuple(range(2, 33)))
     H, W = x.shape[-2:]
     lead = x.shape[:-2]
     idt = chk.index_dtype_arg(index_dtype, max(H, W))
     nt = chk.num_threads_arg(num_threads)
-    kd = chk.kernel_dtype(x.dtype, "x")
     maps = chk.contiguous(x, kd).reshape(-1, H * W)
     P, n = maps.shape
     values = np.empty(P, dtype=kd)
@@ -55,7 +54,7 @@ def argmax2d(x, *, return_values=False, index_dtype=np.int64, num_threads=None):
     segments = 1
     if threads > P and n >= 2 * _MIN_SEGMENT and maps.size >= SERIAL_BELOW:
         segments = min(-(-threads // P), n // _MIN_SEGMENT)
-    kernels.argmax2d(maps, values, coords, W, segments, threads)
+    kernel("argmax2d", kd, idt)(maps, values, coords, W, segments, threads)
     coords = coords.reshape(lead + (2,))
     if not return_values:
         return coords

@@ -12,7 +12,7 @@ import numpy as np
 from . import _checks as chk
 from .argmax import argmax2d
 from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
-from ._backend import kernels, threads_for
+from ._backend import kernel, threads_for
 
 __all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d"]
 
@@ -84,7 +84,7 @@ class MaxPool2d(Layer):
             return max_pool2d(x, *args, num_threads=self.num_threads)
         out, idx = max_pool2d(x, *args, return_indices=True, index_dtype=self.index_dtype,
                               num_threads=self.num_threads)
-        self._cache = (idx, np.shape(x))
+        self._cache = (idx, x.shape if isinstance(x, np.ndarray) else np.shape(x))
         return out
 
     def backward(self, grad_output):
@@ -125,17 +125,16 @@ class MaxUnpool2d(Layer):
     def backward(self, grad_output):
         """Gradient with respect to the last forward's x."""
         indices, x_shape, out_shape = self._saved()
-        grad_output = chk.array(grad_output, "grad_output", (3, 4))
+        grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
         if grad_output.shape != out_shape:
             raise ValueError(f"grad_output shape {grad_output.shape} must be {out_shape}")
-        kd = chk.kernel_dtype(grad_output.dtype, "grad_output")
         OH, OW = out_shape[-2:]
         H, W = x_shape[-2:]
         go = chk.contiguous(grad_output, kd).reshape(-1, OH * OW)
         ix = chk.contiguous(indices, indices.dtype).reshape(-1, H * W)
         gx = np.empty(ix.shape, dtype=kd)
         nt = threads_for(chk.num_threads_arg(self.num_threads), go.size + 2 * gx.size, gx.shape[0])
-        kernels.max_unpool2d_backward(go, ix, gx, nt)
+        kernel("max_unpool2d_backward", kd, ix.dtype)(go, ix, gx, nt)
         gx = gx.reshape(x_shape)
         return gx if kd == grad_output.dtype else gx.astype(grad_output.dtype)
 
@@ -164,7 +163,7 @@ class GlobalMaxPool2d(Layer):
 
     def forward(self, x):
         """Per-map maxima of x."""
-        x = chk.array(x, "x", (3, 4))
+        x, _ = chk.array(x, "x", (3, 4))
         values, coords = argmax2d(x, return_values=True, num_threads=self.num_threads)
         if self.training:
             self._cache = (coords, x.shape)
@@ -173,7 +172,7 @@ class GlobalMaxPool2d(Layer):
     def backward(self, grad_output):
         """Gradient with respect to the last forward's input."""
         coords, shape = self._saved()
-        grad_output = chk.array(grad_output, "grad_output", (1, 2))
+        grad_output, _ = chk.array(grad_output, "grad_output", (1, 2))
         if grad_output.shape != shape[:-2]:
             raise ValueError(f"grad_output shape {grad_output.shape} must be {shape[:-2]}")
         flat = coords[..., 0] * shape[-1] + coords[..., 1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
-from ._backend import kernels, threads_for
+from ._backend import kernel, threads_for
 
 __all__ = ["max_pool2d", "max_pool2d_backward", "max_unpool2d"]
 
@@ -65,19 +65,18 @@ def max_pool2d(
         For an unsupported dtype or rank, an empty dimension, or parameters
         that give no valid pooling (each message names the parameter).
     """
-    x = chk.array(x, "x", (3, 4))
+    x, kd = chk.array(x, "x", (3, 4))
     H, W = x.shape[-2:]
     geom = chk.pool_geometry(H, W, kernel_size, stride, padding, dilation, bool(ceil_mode))
     kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = geom
     nt = chk.num_threads_arg(num_threads)
     idt = chk.index_dtype_arg(index_dtype, H * W) if return_indices else chk.INDEX_DTYPES[1]
-    kd = chk.kernel_dtype(x.dtype, "x")
     planes = _planes(x, kd)
     P = planes.shape[0]
     out = np.empty((P, OH, OW), dtype=kd)
     idx = np.empty((P, OH, OW) if return_indices else (1, 1, 1), dtype=idt)
     threads = threads_for(nt, planes.size + out.size, P)
-    kernels.max_pool2d_forward(
+    kernel("max_pool2d_forward", kd, idt)(
         planes, out, idx, bool(return_indices), H * W >= chk.INT32_LIMIT,
         kh, kw, sh, sw, ph, pw, dh, dw, threads,
     )
@@ -95,7 +94,7 @@ def _check_indices_like(values, indices, vname: str):
         raise ValueError(f"indices shape {indices.shape} does not match {vname} shape {values.shape}")
 
 
-def _place(kernel, values, vname, indices, out_shape, num_threads, bound):
+def _place(name, values, kd, indices, out_shape, num_threads, bound):
     """Run a kernel that writes values (..., h, w) at flat indices into zeroed
     planes of out_shape (scatter-add for backward, assignment for unpool).
 
@@ -103,13 +102,13 @@ def _place(kernel, values, vname, indices, out_shape, num_threads, bound):
     index is a ValueError and the result is discarded.
     """
     nt = chk.num_threads_arg(num_threads)
-    kd = chk.kernel_dtype(values.dtype, vname)
     n = values.shape[-2] * values.shape[-1]
     src = chk.contiguous(values, kd).reshape(-1, n)
     ix = chk.contiguous(indices, indices.dtype).reshape(-1, n)
     P = src.shape[0]
     out = np.empty((P, out_shape[-2] * out_shape[-1]), dtype=kd)
-    bad = kernel(src, ix, out, threads_for(nt, out.size + 2 * src.size, P))
+    run = kernel(name, kd, ix.dtype)
+    bad = run(src, ix, out, threads_for(nt, out.size + 2 * src.size, P))
     if bad:
         raise ValueError(f"indices: {bad} entries lie outside {bound} = [0, {out.shape[1]})")
     out = out.reshape(out_shape)
@@ -142,7 +141,7 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
         If shapes disagree, input_shape cannot have produced grad_output, or
         an index lies outside ``[0, H*W)`` (nothing is written then).
     """
-    grad_output = chk.array(grad_output, "grad_output", (3, 4))
+    grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
     indices = chk.index_array(indices)
     _check_indices_like(grad_output, indices, "grad_output")
     shape = chk.shape_arg(input_shape, "input_shape", grad_output.ndim)
@@ -157,7 +156,7 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
             f"input_shape {shape} cannot have produced an output of {(OH, OW)}: "
             "max pooling gives at most (H + 1, W + 1)"
         )
-    return _place(kernels.max_pool2d_backward, grad_output, "grad_output", indices, shape,
+    return _place("max_pool2d_backward", grad_output, kd, indices, shape,
                   num_threads, "[0, H*W)")
 
 
@@ -190,12 +189,12 @@ def max_unpool2d(x, indices, kernel_size, stride=None, padding=0, output_size=No
         If an index lies outside ``[0, OH*OW)`` (nothing is written), or
         sizes are inconsistent.
     """
-    x = chk.array(x, "x", (3, 4))
+    x, kd = chk.array(x, "x", (3, 4))
     indices = chk.index_array(indices)
     _check_indices_like(x, indices, "x")
     H, W = x.shape[-2:]
     if isinstance(output_size, list):
         output_size = tuple(output_size)
     OH, OW = chk.unpool_geometry(H, W, kernel_size, stride, padding, output_size)
-    return _place(kernels.max_unpool2d, x, "x", indices, x.shape[:-2] + (OH, OW),
+    return _place("max_unpool2d", x, kd, indices, x.shape[:-2] + (OH, OW),
                   num_threads, "[0, OH*OW)")
