@@ -5,11 +5,14 @@ Everything about *how* the extension is compiled lives here:
 * an OpenMP probe: a tiny program is compiled and linked with the platform's
   OpenMP flags; when that fails the kernels are built serially and a warning
   is printed (the install never fails for lack of OpenMP);
-* portable code generation by default: no ``-march=native`` unless the user
-  sets ``CYPOOL_NATIVE=1`` for a source build;
+* portable code generation by default: the kernels are compiled once per
+  instruction-set level (baseline, and AVX2+FMA on x86-64) and the best one
+  is chosen at import; ``-march=native`` only when the user sets
+  ``CYPOOL_NATIVE=1`` for a source build (the result may crash elsewhere);
 * the Cython compiler directives, set once for every module.
 """
 import os
+import platform
 import shutil
 import sys
 import tempfile
@@ -71,9 +74,6 @@ def base_compile_args(compiler_type):
     if compiler_type == "msvc":
         return ["/O2"]
     args = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-tautological-compare"]
-    if os.environ.get("CYPOOL_NATIVE") == "1":
-        # Opt-in only: the result runs on this CPU and may crash elsewhere.
-        args.append("-march=native")
     if os.environ.get("CYPOOL_VEC_REPORT") == "1":
         args.append("-fopt-info-vec-optimized")
     return args
@@ -92,7 +92,10 @@ class BuildExt(build_ext):
             )
         cflags, ldflags = openmp_flags(ctype) if use_omp else ([], [])
         for ext in self.extensions:
-            ext.extra_compile_args = base_compile_args(ctype) + cflags + ext.extra_compile_args
+            # The variant's own flags come last so that they win; a native
+            # build (CYPOOL_NATIVE=1) overrides them all.
+            native = ["-march=native"] if os.environ.get("CYPOOL_NATIVE") == "1" and ctype != "msvc" else []
+            ext.extra_compile_args = base_compile_args(ctype) + cflags + ext.extra_compile_args + native
             ext.extra_link_args = ldflags + ext.extra_link_args
         super().build_extensions()
 
@@ -107,13 +110,32 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
+def variants():
+    """(name, extra compile args) of each instruction-set level to build.
+
+    x86-64 gets the portable baseline and an AVX2+FMA (x86-64-v3) build, and
+    cypool/_backend.py picks one at import from the CPU's features. An
+    AVX-512 (x86-64-v4) build was measured slower than v3 with gcc 12 on
+    these kernels, with and without 256-bit vectors, so none is built.
+    Other architectures get the baseline only.
+    """
+    machine = platform.machine().lower()
+    if os.environ.get("CYPOOL_BASELINE_ONLY") == "1" or machine not in ("x86_64", "amd64"):
+        return [("baseline", [])]
+    if sys.platform == "win32":
+        return [("baseline", []), ("avx2", ["/arch:AVX2"])]
+    return [("baseline", []), ("avx2", ["-march=x86-64-v3", "-mtune=generic"])]
+
+
 extensions = [
     Extension(
-        "cypool._kernels",
-        ["cypool/_kernels.pyx"],
+        f"cypool._kernels_{name}",
+        [f"cypool/_kernels_{name}.pyx"],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=args,
     )
+    for name, args in variants()
 ]
 
 setup(

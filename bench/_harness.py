@@ -30,9 +30,9 @@ numba = optional("numba")
 
 
 def default_threads() -> int:
-    from cypool import _kernels
+    from cypool._backend import kernels
 
-    return _kernels.max_threads()
+    return kernels.max_threads()
 
 
 def set_threads(n: int) -> None:
@@ -116,5 +116,7 @@ def machine_line(threads: int) -> str:
     import cypool
 
     tv = f", torch {torch.__version__}" if torch is not None else ""
-    return (f"cypool {cypool.__version__}, numpy {np.__version__}{tv}; "
+    from cypool._backend import ISA
+
+    return (f"cypool {cypool.__version__} ({ISA} kernels), numpy {np.__version__}{tv}; "
             f"{threads} thread(s) for every peer; {os.cpu_count()} CPUs visible")

@@ -7,6 +7,7 @@ Cython + OpenMP kernels behind numpy functions and layer classes:
 * :func:`argmax2d`, the (row, col) of every feature map's maximum, and the
   layer :class:`GlobalMaxPool2d`.
 """
+from ._backend import show_config
 from .argmax import argmax2d
 from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
 from .layers import GlobalMaxPool2d, Layer, MaxPool2d, MaxUnpool2d
@@ -22,5 +23,6 @@ __all__ = [
     "MaxUnpool2d",
     "argmax2d",
     "GlobalMaxPool2d",
+    "show_config",
     "__version__",
 ]

@@ -1,5 +1,9 @@
 """The compiled kernels and how many threads a call gets.
 
+The kernels are built once per instruction-set level (setup.py); at import
+the best variant the CPU runs is loaded, as numpy reports its features.
+``CYPOOL_ISA=baseline`` (or another built level) forces one.
+
 Every public function goes through here to reach a kernel, so that the
 thread policy is the same everywhere:
 
@@ -11,7 +15,52 @@ thread policy is the same everywhere:
 """
 from __future__ import annotations
 
-from . import _kernels as kernels
+import importlib
+import os
+
+# Instruction-set levels, best first: (name, numpy CPU features it needs).
+# x86-64-v3 is AVX, AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE; older numpy has no
+# "X86_V3" key, so the parts are checked instead.
+LEVELS = (
+    ("avx2", ("AVX", "AVX2", "F16C", "FMA3", "BMI", "BMI2", "LZCNT", "MOVBE")),
+    ("baseline", ()),
+)
+ISA_ENV = "CYPOOL_ISA"
+
+
+def _cpu_features() -> dict:
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_features__
+    return __cpu_features__
+
+
+def _load(name):
+    try:
+        return importlib.import_module(f"cypool._kernels_{name}")
+    except ImportError:
+        return None
+
+
+def _choose():
+    """(name, module, names of the variants this build has)."""
+    built = [name for name, _ in LEVELS if _load(name) is not None]
+    if not built:
+        raise ImportError("cypool: no compiled kernels found; was the package built?")
+    forced = os.environ.get(ISA_ENV)
+    if forced:
+        if forced not in built:
+            raise ImportError(f"{ISA_ENV}={forced!r}, but this build has only {built}")
+        return forced, _load(forced), built
+    feats = _cpu_features()
+    for name, needs in LEVELS:
+        if name in built and all(feats.get(f, False) for f in needs):
+            return name, _load(name), built
+    return "baseline", _load("baseline"), built
+
+
+ISA, kernels, AVAILABLE_ISAS = _choose()
 
 # Elements (of input plus output) below which a call runs serially. About
 # 20-40 microseconds of single-threaded work on a current x86-64 core.
@@ -47,3 +96,20 @@ def kernel(name: str, *dtypes):
         sig = "|".join(_C_NAMES[d.name] for d in dtypes)
         fn = _specialised[key] = generic.__signatures__[sig]
     return fn
+
+
+def show_config(file=None) -> None:
+    """Print the kernel variant in use, the variants built, the OpenMP
+    runtime and the default thread count."""
+    import sys
+
+    has_omp, omp_version, nthreads = kernels.openmp_info()
+    out = file or sys.stdout
+    forced = os.environ.get(ISA_ENV)
+    print(f"cypool kernels: {ISA}" + (f" (forced by {ISA_ENV})" if forced else " (chosen from CPU features)"),
+          file=out)
+    print(f"variants built: {', '.join(AVAILABLE_ISAS)}", file=out)
+    if has_omp:
+        print(f"OpenMP: yes (_OPENMP {omp_version}); default threads: {nthreads}", file=out)
+    else:
+        print("OpenMP: no (serial build); default threads: 1", file=out)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import cypool
-from cypool import _kernels
+from cypool._backend import kernels as _kernels
 import reference as ref
 from conftest import torch_or_skip
 
