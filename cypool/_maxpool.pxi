@@ -25,6 +25,7 @@ cdef struct PoolGeom:
     Py_ssize_t Wp          # padded row length: covers every window of a row
     Py_ssize_t R           # ring slots: input rows one output row spans
     bint direct_cols       # rows need no column padding: read the plane itself
+    bint separable3        # 3x3, no dilation, stride 1 or 2 along rows
 
 
 cdef inline Py_ssize_t _ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -87,21 +88,6 @@ cdef inline value_t _win2x2(const value_t* r0, const value_t* r1, Py_ssize_t w,
     return _pick(r1[w + 1], m, W + 1, k, &ok)
 
 
-cdef inline value_t _win3x3(const value_t* r0, const value_t* r1, const value_t* r2,
-                            Py_ssize_t w, int32_t W, value_t m, int32_t* k) noexcept nogil:
-    """Scan a 3x3 window at column w of rows r0, r1, r2, from running max m."""
-    cdef bint ok = True
-    m = _pick(r0[w], m, 0, k, &ok)
-    m = _pick(r0[w + 1], m, 1, k, &ok)
-    m = _pick(r0[w + 2], m, 2, k, &ok)
-    m = _pick(r1[w], m, W, k, &ok)
-    m = _pick(r1[w + 1], m, W + 1, k, &ok)
-    m = _pick(r1[w + 2], m, W + 2, k, &ok)
-    m = _pick(r2[w], m, 2 * W, k, &ok)
-    m = _pick(r2[w + 1], m, 2 * W + 1, k, &ok)
-    return _pick(r2[w + 2], m, 2 * W + 2, k, &ok)
-
-
 cdef inline void _row_k2s2(const value_t** rows, value_t* orow, index_t* irow,
                            const int32_t* kcol, int32_t krow, Py_ssize_t OW,
                            Py_ssize_t W, Py_ssize_t origin, value_t low) noexcept nogil:
@@ -122,26 +108,6 @@ cdef inline void _row_k2s2(const value_t** rows, value_t* orow, index_t* irow,
     else:
         for ow in range(OW):
             orow[ow] = _win2x2(r0, r1, 2 * ow, <int32_t>W, low, &k)
-
-
-cdef inline void _row_k3(const value_t** rows, value_t* orow, index_t* irow,
-                         const int32_t* kcol, int32_t krow, Py_ssize_t OW,
-                         Py_ssize_t W, Py_ssize_t origin, value_t low,
-                         const Py_ssize_t S) noexcept nogil:
-    """One output row for a 3x3 window, stride S (1 or 2), no dilation."""
-    cdef Py_ssize_t ow
-    cdef int32_t k
-    cdef const value_t* r0 = rows[0]
-    cdef const value_t* r1 = rows[1]
-    cdef const value_t* r2 = rows[2]
-    if irow != NULL:
-        for ow in range(OW):
-            k = krow + kcol[ow]
-            orow[ow] = _win3x3(r0, r1, r2, S * ow, <int32_t>W, low, &k)
-            irow[ow] = <index_t>(origin + S * ow) + <index_t>k
-    else:
-        for ow in range(OW):
-            orow[ow] = _win3x3(r0, r1, r2, S * ow, <int32_t>W, low, &k)
 
 
 cdef inline void _row_generic(const value_t** rows, value_t* orow, index_t* irow,
@@ -184,6 +150,9 @@ cdef struct Workspace:
     Py_ssize_t* tag        # input row held by each ring slot, -1 for none
     void** rows            # kh row pointers for the current output row
     int32_t* code          # per-column window codes (generic path)
+    void* hval             # separable 3x3: 4 slots of OW horizontal maxima
+    int32_t* hcode         # ... and their column codes
+    Py_ssize_t htag[4]     # input row held by each slot (-1: none, -2: padding row)
 
 
 cdef inline size_t _round_up(size_t n) noexcept nogil:
@@ -202,7 +171,10 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     cdef size_t off_rows = _round_up(sizeof(Workspace))
     cdef size_t off_tag = off_rows + _round_up(g.kh * sizeof(void*))
     cdef size_t off_ring = off_tag + _round_up(n_tag * sizeof(Py_ssize_t))
-    cdef size_t off_code = off_ring + _round_up(n_ring * itemsize)
+    cdef size_t n_h = 4 * g.OW if g.separable3 else 0
+    cdef size_t off_hval = off_ring + _round_up(n_ring * itemsize)
+    cdef size_t off_hcode = off_hval + _round_up(n_h * itemsize)
+    cdef size_t off_code = off_hcode + _round_up(n_h * sizeof(int32_t))
     cdef char* block = <char*>malloc(off_code + g.OW * sizeof(int32_t))
     cdef Workspace* ws = <Workspace*>block
     if block == NULL:
@@ -211,6 +183,10 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     ws.tag = <Py_ssize_t*>(block + off_tag) if n_tag else NULL
     ws.ring = <void*>(block + off_ring) if n_ring else NULL
     ws.code = <int32_t*>(block + off_code)
+    ws.hval = <void*>(block + off_hval)
+    ws.hcode = <int32_t*>(block + off_hcode)
+    for q in range(4):
+        ws.htag[q] = -1
     for q in range(<Py_ssize_t>n_ring):
         (<value_t*>ws.ring)[q] = low
     return ws
@@ -238,6 +214,86 @@ cdef inline const value_t* _input_row(const value_t* xp, const value_t* low_row,
     return dst
 
 
+cdef inline void _hrow3(const value_t* r, value_t* hv, int32_t* hc, const int32_t* kcol,
+                        Py_ssize_t OW, value_t low, const Py_ssize_t S) noexcept nogil:
+    """Horizontal half of a separable 3x3 scan: the first maximum of the three
+    taps of every window of one input row (r points at column -pw), with its
+    column code, starting from (low, code of the first valid column)."""
+    cdef Py_ssize_t ow
+    cdef int32_t k
+    cdef bint ok
+    cdef value_t m
+    for ow in range(OW):
+        k = kcol[ow]
+        ok = True
+        m = _pick(r[S * ow], low, 0, &k, &ok)
+        m = _pick(r[S * ow + 1], m, 1, &k, &ok)
+        hv[ow] = _pick(r[S * ow + 2], m, 2, &k, &ok)
+        hc[ow] = k
+
+
+cdef inline void _vert3(const value_t* v0, const int32_t* c0, const value_t* v1,
+                        const int32_t* c1, const value_t* v2, const int32_t* c2,
+                        value_t* orow, index_t* irow, const int32_t* kcol, int32_t krow,
+                        Py_ssize_t OW, int32_t W, Py_ssize_t origin, value_t low,
+                        const Py_ssize_t S) noexcept nogil:
+    """Vertical half: the three rows' maxima in order, so the first maximum in
+    row-major window order wins, as in the direct scan."""
+    cdef Py_ssize_t ow
+    cdef int32_t k
+    cdef bint ok
+    cdef value_t m
+    for ow in range(OW):
+        k = krow + kcol[ow]
+        ok = True
+        m = _pick(v0[ow], low, c0[ow], &k, &ok)
+        m = _pick(v1[ow], m, W + c1[ow], &k, &ok)
+        orow[ow] = _pick(v2[ow], m, 2 * W + c2[ow], &k, &ok)
+        if irow != NULL:
+            irow[ow] = <index_t>(origin + S * ow) + <index_t>k
+
+
+cdef inline void _hrow3_cached(const value_t* xp, const value_t* low_row, Workspace* ws,
+                               const PoolGeom* g, const int32_t* kcol, Py_ssize_t ih,
+                               value_t low, value_t** hv, int32_t** hc) noexcept nogil:
+    """Horizontal results of input row ih, computed once per plane and kept in
+    a ring of three slots (a fourth holds the all-padding row)."""
+    cdef Py_ssize_t slot = 3 if (ih < 0 or ih >= g.H) else ih % 3
+    cdef Py_ssize_t key = -2 if slot == 3 else ih
+    hv[0] = (<value_t*>ws.hval) + slot * g.OW
+    hc[0] = ws.hcode + slot * g.OW
+    if ws.htag[slot] != key:
+        if g.sw == 1:
+            _hrow3(_input_row(xp, low_row, ws, g, ih), hv[0], hc[0], kcol, g.OW, low, 1)
+        else:
+            _hrow3(_input_row(xp, low_row, ws, g, ih), hv[0], hc[0], kcol, g.OW, low, 2)
+        ws.htag[slot] = key
+
+
+cdef inline void _row_k3_separable(const value_t* xp, const value_t* low_row, Workspace* ws,
+                                   const PoolGeom* g, const int32_t* kcol, Py_ssize_t h0,
+                                   Py_ssize_t i_lo, value_t* orow, index_t* irow,
+                                   value_t low) noexcept nogil:
+    """One output row of a 3x3 window, stride 1 or 2 along rows, no dilation:
+    a horizontal scan per input row (shared by the output rows that use it)
+    and a vertical scan per output row: 4 to 6 selects an output, not 9."""
+    cdef value_t* v0
+    cdef value_t* v1
+    cdef value_t* v2
+    cdef int32_t* c0
+    cdef int32_t* c1
+    cdef int32_t* c2
+    _hrow3_cached(xp, low_row, ws, g, kcol, h0, low, &v0, &c0)
+    _hrow3_cached(xp, low_row, ws, g, kcol, h0 + 1, low, &v1, &c1)
+    _hrow3_cached(xp, low_row, ws, g, kcol, h0 + 2, low, &v2, &c2)
+    if g.sw == 1:
+        _vert3(v0, c0, v1, c1, v2, c2, orow, irow, kcol, <int32_t>(i_lo * g.W), g.OW,
+               <int32_t>g.W, h0 * g.W - g.pw, low, 1)
+    else:
+        _vert3(v0, c0, v1, c1, v2, c2, orow, irow, kcol, <int32_t>(i_lo * g.W), g.OW,
+               <int32_t>g.W, h0 * g.W - g.pw, low, 2)
+
+
 cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
                       const value_t* low_row, const int32_t* kcol,
                       Workspace* ws, const PoolGeom* g, bint scalar_only) noexcept nogil:
@@ -252,6 +308,8 @@ cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
     if not g.direct_cols:
         for slot in range(g.R):
             ws.tag[slot] = -1
+    for slot in range(3):
+        ws.htag[slot] = -1  # slot 3, the padding row, is the same for every plane
     for oh in range(g.OH):
         h0 = oh * g.sh - g.ph
         _valid_taps(h0, g.kh, g.dh, g.H, &i_lo, &i_hi)
@@ -264,17 +322,14 @@ cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
                 if irow != NULL:
                     irow[ow] = <index_t>where
             continue
-        for i in range(g.kh):
-            rows[i] = _input_row(xp, low_row, ws, g, h0 + i * g.dh)
+        if not g.separable3:
+            for i in range(g.kh):
+                rows[i] = _input_row(xp, low_row, ws, g, h0 + i * g.dh)
         if plain and g.kh == 2 and g.kw == 2 and g.sw == 2:
             _row_k2s2(rows, orow, irow, kcol, <int32_t>(i_lo * W), g.OW, W,
                       h0 * W - g.pw, low)
-        elif plain and g.kh == 3 and g.kw == 3 and g.sw == 1:
-            _row_k3(rows, orow, irow, kcol, <int32_t>(i_lo * W), g.OW, W,
-                    h0 * W - g.pw, low, 1)
-        elif plain and g.kh == 3 and g.kw == 3 and g.sw == 2:
-            _row_k3(rows, orow, irow, kcol, <int32_t>(i_lo * W), g.OW, W,
-                    h0 * W - g.pw, low, 2)
+        elif g.separable3:
+            _row_k3_separable(xp, low_row, ws, g, kcol, h0, i_lo, orow, irow, low)
         else:
             _row_generic(rows, orow, irow, ws.code, kcol, <int32_t>(i_lo * g.dh * W),
                          g, h0 * W - g.pw, low, i_lo, i_hi)
@@ -303,6 +358,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     # the whole input row, which the ring copies in at offset pw.
     g.Wp = max((g.OW - 1) * sw + (kw - 1) * dw + 1, pw + g.W)
     g.R = (kh - 1) * dh + 1
+    g.separable3 = kh == 3 and kw == 3 and dh == 1 and dw == 1 and (sw == 1 or sw == 2)
     g.direct_cols = pw == 0 and (g.OW - 1) * sw + (kw - 1) * dw + 1 <= g.W
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
