@@ -1,7 +1,8 @@
 /* Chunk maximum for the argmax kernel (cypool/_argmax.pxi).
  *
  * gcc 12 does not vectorise a NaN-aware max over lanes written in Cython, so
- * this one loop is written with SSE2 intrinsics (x86-64 baseline): MAXPS
+ * this one loop is written with intrinsics: AVX2 in the x86-64-v3 build,
+ * SSE2 in the x86-64 baseline build. MAXPS
  * computes exactly v > m ? v : m, and CMPUNORDPS flags NaN. Other targets
  * get the plain loop. Returns 1 if x[:n] holds a NaN; *out gets the maximum
  * of the non-NaN values (or -inf). cypool_first_* finds the position a
@@ -11,7 +12,101 @@
 #define CYPOOL_SIMD_H
 #include <math.h>
 #include <stddef.h>
-#if defined(__SSE2__) || defined(_M_X64)
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* The AVX2 variant (x86-64-v3 build): the same loops on 256-bit vectors. */
+static inline int cypool_chunk_max_f32(const float *x, ptrdiff_t n, float *out)
+{
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m256 u0 = _mm256_setzero_ps(), u1 = u0, u2 = u0, u3 = u0;
+    ptrdiff_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        __m256 c = _mm256_loadu_ps(x + i + 16), d = _mm256_loadu_ps(x + i + 24);
+        m0 = _mm256_max_ps(a, m0); m1 = _mm256_max_ps(b, m1);
+        m2 = _mm256_max_ps(c, m2); m3 = _mm256_max_ps(d, m3);
+        u0 = _mm256_or_ps(u0, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+        u1 = _mm256_or_ps(u1, _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+        u2 = _mm256_or_ps(u2, _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        u3 = _mm256_or_ps(u3, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+    }
+    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    u0 = _mm256_or_ps(_mm256_or_ps(u0, u1), _mm256_or_ps(u2, u3));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m0);
+    float m = lanes[0];
+    for (int l = 1; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+    int nan = _mm256_movemask_ps(u0) != 0;
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    *out = m;
+    return nan;
+}
+
+static inline int cypool_chunk_max_f64(const double *x, ptrdiff_t n, double *out)
+{
+    __m256d m0 = _mm256_set1_pd(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m256d u0 = _mm256_setzero_pd(), u1 = u0, u2 = u0, u3 = u0;
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256d a = _mm256_loadu_pd(x + i), b = _mm256_loadu_pd(x + i + 4);
+        __m256d c = _mm256_loadu_pd(x + i + 8), d = _mm256_loadu_pd(x + i + 12);
+        m0 = _mm256_max_pd(a, m0); m1 = _mm256_max_pd(b, m1);
+        m2 = _mm256_max_pd(c, m2); m3 = _mm256_max_pd(d, m3);
+        u0 = _mm256_or_pd(u0, _mm256_cmp_pd(a, a, _CMP_UNORD_Q));
+        u1 = _mm256_or_pd(u1, _mm256_cmp_pd(b, b, _CMP_UNORD_Q));
+        u2 = _mm256_or_pd(u2, _mm256_cmp_pd(c, c, _CMP_UNORD_Q));
+        u3 = _mm256_or_pd(u3, _mm256_cmp_pd(d, d, _CMP_UNORD_Q));
+    }
+    m0 = _mm256_max_pd(_mm256_max_pd(m0, m1), _mm256_max_pd(m2, m3));
+    u0 = _mm256_or_pd(_mm256_or_pd(u0, u1), _mm256_or_pd(u2, u3));
+    double lanes[4];
+    _mm256_storeu_pd(lanes, m0);
+    double m = lanes[0];
+    for (int l = 1; l < 4; l++) m = lanes[l] > m ? lanes[l] : m;
+    int nan = _mm256_movemask_pd(u0) != 0;
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    *out = m;
+    return nan;
+}
+
+static inline ptrdiff_t cypool_first_f32(const float *x, ptrdiff_t n, float t, int want_nan)
+{
+    __m256 tv = _mm256_set1_ps(t);
+    ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        int mask = _mm256_movemask_ps(want_nan ? _mm256_cmp_ps(a, a, _CMP_UNORD_Q)
+                                               : _mm256_cmp_ps(a, tv, _CMP_EQ_OQ));
+        if (mask) return i + __builtin_ctz(mask);
+    }
+    for (; i < n; i++)
+        if (want_nan ? x[i] != x[i] : x[i] == t) return i;
+    return 0;
+}
+
+static inline ptrdiff_t cypool_first_f64(const double *x, ptrdiff_t n, double t, int want_nan)
+{
+    __m256d tv = _mm256_set1_pd(t);
+    ptrdiff_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m256d a = _mm256_loadu_pd(x + i);
+        int mask = _mm256_movemask_pd(want_nan ? _mm256_cmp_pd(a, a, _CMP_UNORD_Q)
+                                               : _mm256_cmp_pd(a, tv, _CMP_EQ_OQ));
+        if (mask) return i + __builtin_ctz(mask);
+    }
+    for (; i < n; i++)
+        if (want_nan ? x[i] != x[i] : x[i] == t) return i;
+    return 0;
+}
+
+#elif defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
 
 static inline int cypool_chunk_max_f32(const float *x, ptrdiff_t n, float *out)
