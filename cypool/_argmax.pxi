@@ -115,6 +115,7 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
         return
     if segments <= 1:
         for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
+            _note_team()
             _argmax_range(&x[p, 0], n, &values[p], &where)
             coords[p, 0] = <index_t>(where // W)
             coords[p, 1] = <index_t>(where % W)
@@ -127,6 +128,7 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
         free(swhere)
         raise MemoryError("cypool.argmax2d: out of memory")
     for t in prange(T, nogil=True, schedule="static", num_threads=num_threads):
+        _note_team()
         lo = (t % segments) * seg_len
         hi = min(lo + seg_len, n)
         if lo < hi:

@@ -56,6 +56,25 @@ cdef inline value_t _lowest(value_t* like) noexcept nogil:
         return INT64_MIN
 
 
+cdef int _last_team = 1
+
+
+cdef inline void _note_team() noexcept nogil:
+    """Record the size of the running OpenMP team (called from parallel loop
+    bodies), so tests can check what a kernel really ran on."""
+    global _last_team
+    if omp_get_thread_num() == 0:
+        _last_team = omp_get_num_threads()
+
+
+def last_team_size():
+    """Threads the last parallel kernel call ran on (1 for a serial call).
+
+    Diagnostic for tests; not meaningful while several Python threads call
+    kernels at once."""
+    return _last_team
+
+
 def openmp_info():
     """(compiled with OpenMP, _OPENMP version macro, omp_get_max_threads())."""
     return bool(CYPOOL_HAVE_OPENMP), int(CYPOOL_OPENMP_VERSION), omp_get_max_threads()

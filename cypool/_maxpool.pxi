@@ -378,6 +378,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     if num_threads == 1:
         # Small calls: no parallel region at all, not even a team of one.
         with nogil:
+            _note_team()
             ws = _workspace_new(&g, sizeof(value_t), low)
             if ws == NULL:
                 fail[0] = 1
@@ -394,6 +395,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                 fail[0] = 1
             else:
                 for p in prange(P, schedule="static"):
+                    _note_team()
                     _pool_plane(&x[p, 0, 0], &out[p, 0, 0],
                                 &indices[p, 0, 0] if with_indices else NULL,
                                 low_row, kcol, ws, &g, scalar_only)
