@@ -80,9 +80,10 @@ cdef inline Py_ssize_t _first_nan(const value_t* x, Py_ssize_t n) noexcept nogil
     return 0
 
 
-cdef inline void _argmax_range(const value_t* x, Py_ssize_t n, value_t* best,
-                               Py_ssize_t* where) noexcept nogil:
-    """First maximum of x[:n], n >= 1 (NaN counts as maximum, first NaN wins)."""
+cdef inline Py_ssize_t _argmax_range(const value_t* x, Py_ssize_t n, value_t* best) noexcept nogil:
+    """Position of the first maximum of x[:n], n >= 1, which goes to best
+    (NaN counts as maximum, first NaN wins). The position is returned, not
+    written through a pointer, so that prange makes its target private."""
     cdef value_t low = _lowest(<value_t*>NULL)
     cdef value_t b = x[0], cm
     cdef Py_ssize_t bi = 0, c0, ln
@@ -91,13 +92,12 @@ cdef inline void _argmax_range(const value_t* x, Py_ssize_t n, value_t* best,
         if _chunk_max(x + c0, ln, low, &cm):
             bi = c0 + _first_nan(x + c0, ln)
             best[0] = x[bi]
-            where[0] = bi
-            return
+            return bi
         if cm > b:
             b = cm
             bi = c0 + _first_equal(x + c0, ln, cm)
     best[0] = b
-    where[0] = bi
+    return bi
 
 
 def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
@@ -116,7 +116,7 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
     if segments <= 1:
         for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
             _note_team()
-            _argmax_range(&x[p, 0], n, &values[p], &where)
+            where = _argmax_range(&x[p, 0], n, &values[p])
             coords[p, 0] = <index_t>(where // W)
             coords[p, 1] = <index_t>(where % W)
         return
@@ -132,8 +132,7 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
         lo = (t % segments) * seg_len
         hi = min(lo + seg_len, n)
         if lo < hi:
-            _argmax_range(&x[t // segments, lo], hi - lo, &sval[t], &swhere[t])
-            swhere[t] = swhere[t] + lo
+            swhere[t] = lo + _argmax_range(&x[t // segments, lo], hi - lo, &sval[t])
         else:
             swhere[t] = -1
     with nogil:

@@ -140,3 +140,14 @@ def test_matches_torch(rng):
     t = torch.from_numpy(x).flatten(2).argmax(-1)
     want = np.stack([(t // 29).numpy(), (t % 29).numpy()], -1)
     np.testing.assert_array_equal(cypool.argmax2d(x), want)
+
+
+@pytest.mark.parametrize("trial", range(5))
+def test_many_maps_in_parallel(rng, trial):
+    # Enough work for the parallel path over maps (each thread owns whole maps).
+    # Many tiny maps make threads finish maps at the same moments: a result
+    # shared between threads by mistake shows up here.
+    for shape in [(4, 16, 64, 64), (1, 30000, 3, 3)]:
+        x = ref.random_values(rng, shape, np.float32, ties=True, specials=trial % 2 == 1)
+        for threads in (2, 3):
+            np.testing.assert_array_equal(cypool.argmax2d(x, num_threads=threads), np_argmax2d(x)[0])
