@@ -30,10 +30,10 @@ ISA_ENV = "CYPOOL_ISA"
 
 def _cpu_features() -> dict:
     try:
-        from numpy._core._multiarray_umath import __cpu_features__
+        mod = importlib.import_module("numpy._core._multiarray_umath")
     except ImportError:  # numpy < 2
-        from numpy.core._multiarray_umath import __cpu_features__
-    return __cpu_features__
+        mod = importlib.import_module("numpy.core._multiarray_umath")
+    return mod.__cpu_features__
 
 
 def _load(name):
@@ -80,7 +80,7 @@ def threads_for(requested: int, work: int, items: int) -> int:
 
 
 _C_NAMES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t"}
-_specialised = {}
+_specialised: dict = {}
 
 
 def kernel(name: str, *dtypes):

@@ -17,7 +17,7 @@ import numpy as np
 # (exactly: max and argmax of a widened integer or float16 are unchanged).
 KERNEL_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
 FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64))
-_WIDEN = {
+_WIDEN: dict[np.dtype, np.dtype] = {
     np.dtype(np.float16): np.dtype(np.float32),
     np.dtype(np.int8): np.dtype(np.int32),
     np.dtype(np.int16): np.dtype(np.int32),
@@ -25,9 +25,9 @@ _WIDEN = {
     np.dtype(np.uint16): np.dtype(np.int32),
     np.dtype(np.uint32): np.dtype(np.int64),
 }
-_COMPUTE = {**{d: d for d in KERNEL_DTYPES}, **_WIDEN}
+_COMPUTE: dict[np.dtype, np.dtype] = {**{d: d for d in KERNEL_DTYPES}, **_WIDEN}
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
-_INDEX_ARGS = {np.int64: INDEX_DTYPES[1], np.int32: INDEX_DTYPES[0]}
+_INDEX_ARGS: dict[object, np.dtype] = {np.int64: INDEX_DTYPES[1], np.int32: INDEX_DTYPES[0]}
 INT32_LIMIT = 2**31
 _INT32_MAX = INT32_LIMIT - 1
 
@@ -101,7 +101,7 @@ def contiguous(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def index_dtype_arg(index_dtype, plane_size: int) -> np.dtype:
     try:
-        dt = _INDEX_ARGS.get(index_dtype) or np.dtype(index_dtype)
+        dt = _INDEX_ARGS.get(index_dtype) or np.dtype(index_dtype)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"index_dtype must be np.int32 or np.int64, got {index_dtype!r}") from None
     if dt not in INDEX_DTYPES:

@@ -1,0 +1,26 @@
+"""The .pyi stubs of the compiled modules match them (mypy.stubtest), and
+the package type-checks."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cypool import _backend
+
+
+@pytest.mark.parametrize("isa", _backend.AVAILABLE_ISAS)
+def test_stubtest_compiled_modules(isa):
+    pytest.importorskip("mypy")
+    res = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", f"cypool._kernels_{isa}"],
+        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(_backend.__file__)) or None,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_stubs_and_marker_are_installed():
+    pkg = os.path.dirname(_backend.__file__)
+    assert os.path.exists(os.path.join(pkg, "py.typed"))
+    for isa in _backend.AVAILABLE_ISAS:
+        assert os.path.exists(os.path.join(pkg, f"_kernels_{isa}.pyi"))
