@@ -12,6 +12,12 @@
 #define CYPOOL_SIMD_H
 #include <math.h>
 #include <stddef.h>
+#ifdef _MSC_VER
+#include <intrin.h>
+static inline int cypool_ctz(unsigned m) { unsigned long i; _BitScanForward(&i, m); return (int)i; }
+#else
+#define cypool_ctz(m) __builtin_ctz(m)
+#endif
 #if defined(__AVX2__)
 #include <immintrin.h>
 
@@ -84,7 +90,7 @@ static inline ptrdiff_t cypool_first_f32(const float *x, ptrdiff_t n, float t, i
         __m256 a = _mm256_loadu_ps(x + i);
         int mask = _mm256_movemask_ps(want_nan ? _mm256_cmp_ps(a, a, _CMP_UNORD_Q)
                                                : _mm256_cmp_ps(a, tv, _CMP_EQ_OQ));
-        if (mask) return i + __builtin_ctz(mask);
+        if (mask) return i + cypool_ctz(mask);
     }
     for (; i < n; i++)
         if (want_nan ? x[i] != x[i] : x[i] == t) return i;
@@ -99,7 +105,7 @@ static inline ptrdiff_t cypool_first_f64(const double *x, ptrdiff_t n, double t,
         __m256d a = _mm256_loadu_pd(x + i);
         int mask = _mm256_movemask_pd(want_nan ? _mm256_cmp_pd(a, a, _CMP_UNORD_Q)
                                                : _mm256_cmp_pd(a, tv, _CMP_EQ_OQ));
-        if (mask) return i + __builtin_ctz(mask);
+        if (mask) return i + cypool_ctz(mask);
     }
     for (; i < n; i++)
         if (want_nan ? x[i] != x[i] : x[i] == t) return i;
@@ -172,7 +178,7 @@ static inline ptrdiff_t cypool_first_f32(const float *x, ptrdiff_t n, float t, i
     for (; i + 4 <= n; i += 4) {
         __m128 a = _mm_loadu_ps(x + i);
         int mask = _mm_movemask_ps(want_nan ? _mm_cmpunord_ps(a, a) : _mm_cmpeq_ps(a, tv));
-        if (mask) return i + __builtin_ctz(mask);
+        if (mask) return i + cypool_ctz(mask);
     }
     for (; i < n; i++)
         if (want_nan ? x[i] != x[i] : x[i] == t) return i;
@@ -186,7 +192,7 @@ static inline ptrdiff_t cypool_first_f64(const double *x, ptrdiff_t n, double t,
     for (; i + 2 <= n; i += 2) {
         __m128d a = _mm_loadu_pd(x + i);
         int mask = _mm_movemask_pd(want_nan ? _mm_cmpunord_pd(a, a) : _mm_cmpeq_pd(a, tv));
-        if (mask) return i + __builtin_ctz(mask);
+        if (mask) return i + cypool_ctz(mask);
     }
     for (; i < n; i++)
         if (want_nan ? x[i] != x[i] : x[i] == t) return i;
