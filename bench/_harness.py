@@ -1,8 +1,9 @@
 """Timing harness shared by the benchmarks.
 
 The machines this runs on are noisy, so every comparison is:
-* interleaved: each repeat times every peer once, in turn, so that drift and
-  neighbours' load hit all peers alike;
+* interleaved: each repeat times every peer once, in turn (after one untimed
+  call of the same peer), so that drift and neighbours' load hit all peers
+  alike;
 * a median over the repeats;
 * reported as ratios to cypool, measured in the same run on the same thread
   count (torch.set_num_threads, numba.set_num_threads and cypool's
@@ -55,11 +56,15 @@ def peers_report() -> str:
     return line
 
 
-def compare(fns: dict, repeats: int = 15, min_time: float = 0.0) -> dict:
+def compare(fns: dict, repeats: int = 15) -> dict:
     """Median seconds per call of each fn, timed interleaved.
 
-    Each fn is called once to warm up. A repeat that is very short times
-    several calls and divides, so that timer resolution does not matter.
+    In every repeat each fn is called once untimed and then timed, so that it
+    meets the allocator and caches in its own steady state rather than in
+    the state the previous peer left: measured here, a large output allocated
+    right after another peer freed its buffers costs page faults worth up to
+    10x a small convolution, for whichever peer comes second. A repeat that
+    is very short times several calls and divides.
     """
     inner = {}
     for name, fn in fns.items():
@@ -71,6 +76,7 @@ def compare(fns: dict, repeats: int = 15, min_time: float = 0.0) -> dict:
     for _ in range(repeats):
         for name, fn in fns.items():
             n = inner[name]
+            fn()
             t = time.perf_counter()
             for _ in range(n):
                 fn()

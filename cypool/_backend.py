@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 import os
 
+import numpy as np
+
 # Instruction-set levels, best first: (name, numpy CPU features it needs).
 # x86-64-v3 is AVX, AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE; older numpy has no
 # "X86_V3" key, so the parts are checked instead.
@@ -83,7 +85,7 @@ _C_NAMES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64"
 _specialised: dict = {}
 
 
-def kernel(name: str, *dtypes):
+def kernel(name: str, *dtypes: np.dtype):
     """The kernel specialised for these numpy dtypes (its fused types in order).
 
     Calling the specialisation directly skips Cython's run-time dispatch on

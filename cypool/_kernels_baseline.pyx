@@ -5,3 +5,4 @@
 include "_common.pxi"
 include "_maxpool.pxi"
 include "_argmax.pxi"
+include "_vconv.pxi"

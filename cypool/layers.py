@@ -12,9 +12,10 @@ import numpy as np
 from . import _checks as chk
 from .argmax import argmax2d
 from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
+from .vector_conv import vector_conv2d, vector_conv2d_backward
 from ._backend import kernel, threads_for
 
-__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d"]
+__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d", "VectorConv2d"]
 
 
 class Layer:
@@ -182,3 +183,61 @@ class GlobalMaxPool2d(Layer):
 
     def __repr__(self):
         return "GlobalMaxPool2d()"
+
+
+class VectorConv2d(Layer):
+    """Convolution over images whose pixels are vectors (see
+    :func:`cypool.vector_conv2d`): ``(C, H, W, E)`` or ``(N, C, H, W, E)``.
+
+    ``.weight`` ``(out_channels, in_channels, kh, kw)`` and ``.bias``
+    ``(out_channels,)`` (or None) are initialised like ``torch.nn.Conv2d``:
+    uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, fan_in = in_channels *
+    kh * kw, drawn from ``rng`` (a ``numpy.random.Generator`` or a seed).
+    ``backward(grad_output)`` fills ``.grad_weight`` and ``.grad_bias`` and
+    returns the input gradient; in eval mode nothing is kept for it.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 bias=True, dtype=np.float32, rng=None, *, num_threads=None):
+        super().__init__()
+        cin = chk.as_int(in_channels, "in_channels")
+        cout = chk.as_int(out_channels, "out_channels")
+        if cin < 1 or cout < 1:
+            raise ValueError(f"in_channels and out_channels must be positive, got {cin}, {cout}")
+        kh, kw = chk.pair(kernel_size, "kernel_size")
+        if kh < 1 or kw < 1:
+            raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
+        dt = np.dtype(dtype)
+        if dt not in chk.FLOAT_DTYPES:
+            raise TypeError(f"dtype must be float32 or float64, got {dt}")
+        chk.num_threads_arg(num_threads)
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        bound = 1.0 / np.sqrt(cin * kh * kw)
+        self.weight = gen.uniform(-bound, bound, size=(cout, cin, kh, kw)).astype(dt)
+        self.bias = gen.uniform(-bound, bound, size=cout).astype(dt) if bias else None
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.num_threads = num_threads
+        self.grad_weight = None
+        self.grad_bias = None
+
+    def forward(self, x):
+        """Convolve x; in training mode keep it for backward."""
+        out = vector_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                            num_threads=self.num_threads)
+        if self.training:
+            self._cache = x
+        return out
+
+    def backward(self, grad_output):
+        """Fill .grad_weight and .grad_bias; return the input gradient."""
+        x = self._saved()
+        gx, gw, gb = vector_conv2d_backward(grad_output, x, self.weight, self.stride, self.padding,
+                                            self.dilation, num_threads=self.num_threads)
+        self.grad_weight = gw
+        self.grad_bias = gb if self.bias is not None else None
+        return gx
+
+    def __repr__(self):
+        O, C, kh, kw = self.weight.shape
+        return (f"VectorConv2d({C}, {O}, kernel_size={(kh, kw)}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, bias={self.bias is not None})")

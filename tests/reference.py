@@ -105,3 +105,44 @@ def random_values(rng, shape, dtype, *, ties=False, specials=False):
     if ties:
         return rng.integers(-3 if info.min < 0 else 0, 4, size=shape).astype(dtype)
     return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
+
+
+def vector_conv2d(x, w, b, stride, padding, dilation):
+    """Vector-pixel convolution by explicit loops over output pixels and taps:
+    x (N, C, H, W, E), w (O, C, kh, kw), bias once on component 0."""
+    N, C, H, W, E = x.shape
+    O, _, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((N, O, OH, OW, E), dtype=np.float64)
+    for oh in range(OH):
+        for ow in range(OW):
+            for i in range(kh):
+                for j in range(kw):
+                    r, c = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+                    if 0 <= r < H and 0 <= c < W:
+                        # (N, C, E) x (O, C) -> (N, O, E)
+                        out[:, :, oh, ow, :] += np.einsum("nce,oc->noe", x[:, :, r, c, :], w[:, :, i, j])
+    if b is not None:
+        out[..., 0] += b[None, :, None, None]
+    return out
+
+
+def vector_conv2d_backward(g, x, w, stride, padding, dilation):
+    """(grad_x, grad_w, grad_bias) by the same loops, transposed."""
+    N, C, H, W, E = x.shape
+    O, _, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    OH, OW = g.shape[2:4]
+    gx = np.zeros(x.shape, dtype=np.float64)
+    gw = np.zeros(w.shape, dtype=np.float64)
+    for oh in range(OH):
+        for ow in range(OW):
+            for i in range(kh):
+                for j in range(kw):
+                    r, c = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+                    if 0 <= r < H and 0 <= c < W:
+                        gx[:, :, r, c, :] += np.einsum("noe,oc->nce", g[:, :, oh, ow, :], w[:, :, i, j])
+                        gw[:, :, i, j] += np.einsum("noe,nce->oc", g[:, :, oh, ow, :], x[:, :, r, c, :])
+    return gx, gw, g[..., 0].sum(axis=(0, 2, 3))

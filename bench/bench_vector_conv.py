@@ -1,0 +1,119 @@
+"""Vector-pixel convolution: cypool vs the seed's PyTorch answer vs numpy im2col.
+
+Run: python bench/bench_vector_conv.py [--threads N] [--repeats R] [--quick]
+
+Shapes of seed 001's zonotope networks (MNIST ConvSmall, CIFAR ConvBig) and
+one with small E. Peers: the seed's accepted answer (permute to (E, C, H, W),
+F.conv2d with E as the batch, bias on slice 0, permute back and make it
+contiguous) and its autograd backward, when torch is installed; numpy
+as_strided im2col + matrix product. Also the peak memory each call allocates
+beyond its output, measured with tracemalloc (numpy and cypool allocations).
+
+For a fair numpy peer, unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE in the
+shell that runs this (they force an older OpenBLAS kernel on some CPUs).
+"""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+import cypool
+from _harness import arg_parser, compare, default_threads, machine_line, peers_report, set_threads, table, torch
+
+SHAPES = [  # name, (C, H, W, E), O, k, s, p
+    ("MNIST ConvSmall 1", (1, 28, 28, 785), 16, 4, 2, 0),
+    ("MNIST ConvSmall 2", (16, 13, 13, 1000), 32, 4, 2, 0),
+    ("CIFAR ConvBig 1", (3, 32, 32, 3073), 32, 3, 1, 1),
+    ("CIFAR ConvBig 2", (32, 32, 32, 512), 32, 4, 2, 1),
+    ("small E", (16, 32, 32, 8), 32, 3, 1, 1),
+]
+QUICK = [("MNIST ConvSmall 1", (1, 28, 28, 785), 16, 4, 2, 0), ("small E", (16, 16, 16, 8), 8, 3, 1, 1)]
+
+
+def numpy_im2col(x, w, b, s, p):
+    """as_strided im2col view reshaped to (C*kh*kw, OH*OW*E), times the weights."""
+    C, H, W, E = x.shape
+    O, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (p, p), (p, p), (0, 0))) if p else x
+    OH, OW = (H + 2 * p - kh) // s + 1, (W + 2 * p - kw) // s + 1
+    st = xp.strides
+    cols = as_strided(xp, (C, kh, kw, OH, OW, E), (st[0], st[1], st[2], s * st[1], s * st[2], st[3]))
+    out = (w.reshape(O, -1) @ cols.reshape(C * kh * kw, OH * OW * E)).reshape(O, OH, OW, E)
+    out[..., 0] += b[:, None, None]
+    return out
+
+
+def torch_seed_answer(tx, tw, tb, s, p):
+    """The seed's accepted answer, with the result made contiguous."""
+    import torch.nn.functional as F
+
+    out = F.conv2d(tx.permute(3, 0, 1, 2), tw, None, s, p)
+    out[0] += tb.view(-1, 1, 1)
+    return out.permute(1, 2, 3, 0).contiguous()
+
+
+def peak_extra(fn, out_bytes):
+    """Peak bytes a call allocates (tracemalloc) beyond its output."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    res = fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    del res
+    return max(0, peak - out_bytes)
+
+
+def main(argv=None):
+    args = arg_parser(__doc__.splitlines()[0]).parse_args(argv)
+    n = args.threads or default_threads()
+    set_threads(n)
+    reps = 3 if args.quick else args.repeats
+    print(machine_line(n))
+    print(peers_report())
+    rng = np.random.default_rng(0)
+    fwd_rows, bwd_rows, mem_lines = [], [], []
+    for name, (C, H, W, E), O, k, s, p in (QUICK if args.quick else SHAPES):
+        x = rng.standard_normal((C, H, W, E), dtype=np.float32)
+        w = (rng.standard_normal((O, C, k, k)) / np.sqrt(C * k * k)).astype(np.float32)
+        b = rng.standard_normal(O).astype(np.float32)
+        out = cypool.vector_conv2d(x, w, b, s, p, num_threads=n)
+        g = rng.standard_normal(out.shape, dtype=np.float32)
+        ref = numpy_im2col(x, w, b, s, p)
+        assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), "cypool and numpy disagree"
+        fwd = {"cypool": lambda: cypool.vector_conv2d(x, w, b, s, p, num_threads=n),
+               "numpy im2col": lambda: numpy_im2col(x, w, b, s, p)}
+        bwd = {"cypool": lambda: cypool.vector_conv2d_backward(g, x, w, s, p, num_threads=n)}
+        if torch is not None:
+            tx, tw, tb, tg = (torch.from_numpy(a) for a in (x, w, b, g))
+            fwd["torch (seed answer)"] = lambda: torch_seed_answer(tx, tw, tb, s, p)
+            txg, twg = tx.clone().requires_grad_(True), tw.clone().requires_grad_(True)
+
+            def torch_backward():
+                o = torch_seed_answer(txg, twg, tb, s, p)
+                return torch.autograd.grad(o, (txg, twg), tg)
+
+            bwd["torch autograd"] = torch_backward
+        case = f"{name} {(C, H, W, E)} O={O} k{k} s{s} p{p}"
+        fwd_rows.append((case, compare(fwd, reps)))
+        bwd_rows.append((case, compare(bwd, max(3, reps // 2))))
+        cy_mem = peak_extra(lambda: cypool.vector_conv2d(x, w, b, s, p, num_threads=n), out.nbytes)
+        np_mem = peak_extra(lambda: numpy_im2col(x, w, b, s, p), out.nbytes)
+        limit = max(0.1 * out.nbytes, 4 * 2**20)
+        mem_lines.append(f"| {case} | {out.nbytes / 2**20:.1f} | {cy_mem / 2**20:.2f} | "
+                         f"{np_mem / 2**20:.1f} | {'yes' if cy_mem <= limit else 'NO'} |")
+    print()
+    print(table("vector_conv2d forward, float32", fwd_rows))
+    print()
+    print(table("vector_conv2d_backward (input and weight gradients), float32", bwd_rows))
+    print()
+    print("### peak memory allocated beyond the output (tracemalloc)")
+    print()
+    print("| case | output MiB | cypool MiB | numpy im2col MiB | cypool within max(10% of output, 4 MiB) |")
+    print("|---|---|---|---|---|")
+    print("\n".join(mem_lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+# Vector-pixel convolution: images whose pixels are vectors, (N, C, H, W, E).
+#
+#   out[n, o, oh, ow, :] = bias[o] * e_0 + sum over (c, i, j) of
+#                          w[o, c, i, j] * x[n, c, oh*s - p + i*d, ow*s - p + j*d, :]
+#
+# Zero padding contributes nothing, so it is skipped. For every output pixel
+# the valid taps (input pixel vectors) are listed, and the register-blocked
+# micro-kernel of _vconv_kernel.h computes all O output vectors from them:
+# no im2col buffer, only per-thread lists of K = C*kh*kw pointers and, at the
+# borders, the matching K weight rows. The input gradient is the same
+# computation run from each input pixel over the (o, i, j) taps that reach
+# it; the weight gradient sums dot products over E into per-thread partials
+# that are added in thread order. Every loop is parallel over pixels.
+
+cdef extern from "_vconv_kernel.h" nogil:
+    void cypool_vc_pixel_f32(Py_ssize_t ntaps, const float* const* xs, const float* w,
+                             Py_ssize_t ldw, Py_ssize_t E, Py_ssize_t O, float* const* outs,
+                             const float* bias)
+    void cypool_vc_pixel_f64(Py_ssize_t ntaps, const double* const* xs, const double* w,
+                             Py_ssize_t ldw, Py_ssize_t E, Py_ssize_t O, double* const* outs,
+                             const double* bias)
+    void cypool_vc_dots_f32(int no, const float* const* gs, int nt, const float* const* xs,
+                            const Py_ssize_t* tap, Py_ssize_t E, float* gw, Py_ssize_t ldgw)
+    void cypool_vc_dots_f64(int no, const double* const* gs, int nt, const double* const* xs,
+                            const Py_ssize_t* tap, Py_ssize_t E, double* gw, Py_ssize_t ldgw)
+    int CYPOOL_VC_OB
+    int CYPOOL_VC_TB
+
+
+cdef inline void _vc_pixel(Py_ssize_t ntaps, const floating** xs, const floating* w,
+                           Py_ssize_t ldw, Py_ssize_t E, Py_ssize_t O, floating** outs,
+                           const floating* bias) noexcept nogil:
+    if floating is float:
+        cypool_vc_pixel_f32(ntaps, xs, w, ldw, E, O, outs, bias)
+    else:
+        cypool_vc_pixel_f64(ntaps, xs, w, ldw, E, O, outs, bias)
+
+
+cdef inline void _vc_dots(int no, const floating** gs, int nt, const floating** xs,
+                          const Py_ssize_t* tap, Py_ssize_t E, floating* gw,
+                          Py_ssize_t ldgw) noexcept nogil:
+    if floating is float:
+        cypool_vc_dots_f32(no, gs, nt, xs, tap, E, gw, ldgw)
+    else:
+        cypool_vc_dots_f64(no, gs, nt, xs, tap, E, gw, ldgw)
+
+
+cdef struct ConvGeom:
+    Py_ssize_t N, C, H, W, E, O, OH, OW
+    Py_ssize_t kh, kw, sh, sw, ph, pw, dh, dw
+
+
+cdef inline Py_ssize_t _forward_taps(const floating* xn, const ConvGeom* g, Py_ssize_t oh,
+                                     Py_ssize_t ow, const floating** xs,
+                                     Py_ssize_t* kidx) noexcept nogil:
+    """Valid taps of output pixel (oh, ow): input vector pointers and their
+    (c, i, j) row in the weights. Returns how many."""
+    cdef Py_ssize_t c, i, j, ih, iw, n = 0
+    for c in range(g.C):
+        for i in range(g.kh):
+            ih = oh * g.sh - g.ph + i * g.dh
+            if ih < 0 or ih >= g.H:
+                continue
+            for j in range(g.kw):
+                iw = ow * g.sw - g.pw + j * g.dw
+                if iw < 0 or iw >= g.W:
+                    continue
+                xs[n] = xn + ((c * g.H + ih) * g.W + iw) * g.E
+                kidx[n] = (c * g.kh + i) * g.kw + j
+                n += 1
+    return n
+
+
+cdef inline const floating* _weight_rows(const floating* w, Py_ssize_t ld, Py_ssize_t ntaps,
+                                         Py_ssize_t ktotal, const Py_ssize_t* kidx,
+                                         floating* buf) noexcept nogil:
+    """The weight rows of the listed taps, contiguous: w itself when every
+    tap is present (the interior), else gathered into buf."""
+    cdef Py_ssize_t t
+    if ntaps == ktotal:
+        return w
+    for t in range(ntaps):
+        memcpy(buf + t * ld, w + kidx[t] * ld, ld * sizeof(floating))
+    return buf
+
+
+cdef inline void _conv_geom(ConvGeom* g, Py_ssize_t N, Py_ssize_t C, Py_ssize_t H,
+                            Py_ssize_t W, Py_ssize_t E, Py_ssize_t O, Py_ssize_t OH,
+                            Py_ssize_t OW, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh,
+                            Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh,
+                            Py_ssize_t dw) noexcept nogil:
+    g.N = N; g.C = C; g.H = H; g.W = W; g.E = E; g.O = O; g.OH = OH; g.OW = OW
+    g.kh = kh; g.kw = kw; g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw
+
+
+def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, W, E)
+                          const floating[:, ::1] wt,            # IN  (K, O): weight rows per tap (c, i, j)
+                          const floating[::1] bias,             # IN  (O,), or empty for none
+                          floating[:, :, :, :, ::1] out,        # OUT (N, O, OH, OW, E)
+                          Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                          Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw,
+                          int num_threads):
+    cdef ConvGeom g
+    cdef Py_ssize_t K = wt.shape[0], q, n, oh, ow, o, ntaps, P
+    cdef const floating** xs
+    cdef floating** outs
+    cdef Py_ssize_t* kidx
+    cdef floating* wbuf
+    cdef const floating* wrows
+    cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
+    cdef int[1] failed
+    cdef int* fail = &failed[0]
+    failed[0] = 0
+    _conv_geom(&g, x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[4], out.shape[1],
+               out.shape[2], out.shape[3], kh, kw, sh, sw, ph, pw, dh, dw)
+    P = g.N * g.OH * g.OW
+    with nogil, parallel(num_threads=num_threads):
+        xs = <const floating**>malloc(K * sizeof(void*))
+        outs = <floating**>malloc(g.O * sizeof(void*))
+        kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
+        wbuf = <floating*>malloc(K * g.O * sizeof(floating))
+        if xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL:
+            fail[0] = 1
+        else:
+            for q in prange(P, schedule="static"):
+                _note_team()
+                n = q // (g.OH * g.OW)
+                oh = (q // g.OW) % g.OH
+                ow = q % g.OW
+                ntaps = _forward_taps(&x[n, 0, 0, 0, 0], &g, oh, ow, xs, kidx)
+                wrows = _weight_rows(&wt[0, 0], g.O, ntaps, K, kidx, wbuf)
+                for o in range(g.O):
+                    outs[o] = &out[n, o, oh, ow, 0]
+                _vc_pixel(ntaps, xs, wrows, g.O, g.E, g.O, outs, bptr)
+        free(xs)
+        free(outs)
+        free(kidx)
+        free(wbuf)
+    if failed[0]:
+        raise MemoryError("cypool.vector_conv2d: out of memory")
+
+
+def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O, OH, OW, E)
+                             const floating[:, ::1] w2,             # IN  (kh*kw*O, C): rows per tap (i, j, o)
+                             floating[:, :, :, :, ::1] gx,          # OUT (N, C, H, W, E)
+                             Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                             Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t kh, Py_ssize_t kw,
+                             int num_threads):
+    """grad_x[n, c, ih, iw] = sum over (i, j, o) reaching (ih, iw) of
+    w[o, c, i, j] * grad_out[n, o, oh, ow]: a gather, so pixels are independent."""
+    cdef ConvGeom g
+    cdef Py_ssize_t K = w2.shape[0], q, n, ih, iw, i, j, o, c, a, b, oh, ow, ntaps, P
+    cdef const floating** xs
+    cdef floating** outs
+    cdef Py_ssize_t* kidx
+    cdef floating* wbuf
+    cdef const floating* wrows
+    cdef int[1] failed
+    cdef int* fail = &failed[0]
+    failed[0] = 0
+    _conv_geom(&g, gx.shape[0], gx.shape[1], gx.shape[2], gx.shape[3], gx.shape[4],
+               gout.shape[1], gout.shape[2], gout.shape[3], kh, kw, sh, sw, ph, pw, dh, dw)
+    P = g.N * g.H * g.W
+    with nogil, parallel(num_threads=num_threads):
+        xs = <const floating**>malloc(K * sizeof(void*))
+        outs = <floating**>malloc(g.C * sizeof(void*))
+        kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
+        wbuf = <floating*>malloc(K * g.C * sizeof(floating))
+        if xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL:
+            fail[0] = 1
+        else:
+            for q in prange(P, schedule="static"):
+                n = q // (g.H * g.W)
+                ih = (q // g.W) % g.H
+                iw = q % g.W
+                ntaps = 0
+                for i in range(g.kh):
+                    a = ih + g.ph - i * g.dh
+                    if a < 0 or a % g.sh != 0 or a // g.sh >= g.OH:
+                        continue
+                    oh = a // g.sh
+                    for j in range(g.kw):
+                        b = iw + g.pw - j * g.dw
+                        if b < 0 or b % g.sw != 0 or b // g.sw >= g.OW:
+                            continue
+                        ow = b // g.sw
+                        for o in range(g.O):
+                            xs[ntaps] = &gout[n, o, oh, ow, 0]
+                            kidx[ntaps] = (i * g.kw + j) * g.O + o
+                            ntaps = ntaps + 1
+                for c in range(g.C):
+                    outs[c] = &gx[n, c, ih, iw, 0]
+                if ntaps == 0:
+                    for c in range(g.C):
+                        memset(outs[c], 0, g.E * sizeof(floating))
+                else:
+                    wrows = _weight_rows(&w2[0, 0], g.C, ntaps, K, kidx, wbuf)
+                    _vc_pixel(ntaps, xs, wrows, g.C, g.E, g.C, outs, <const floating*>NULL)
+        free(xs)
+        free(outs)
+        free(kidx)
+        free(wbuf)
+    if failed[0]:
+        raise MemoryError("cypool.vector_conv2d_backward: out of memory")
+
+
+def vector_conv2d_weight_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O, OH, OW, E)
+                              const floating[:, :, :, :, ::1] x,     # IN  (N, C, H, W, E)
+                              floating[:, :, ::1] partial,          # OUT (threads, O, K), zeroed by the caller
+                              Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                              Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw):
+    """partial[t, o, k] = this thread's share of sum over pixels and E of
+    grad_out[n, o, oh, ow, :] . x_tap_k[:]; the caller adds the partials in
+    thread order. Runs on partial.shape[0] threads, statically scheduled, so
+    the split (and the result) is fixed for a thread count."""
+    cdef ConvGeom g
+    cdef Py_ssize_t K = partial.shape[2], q, n, oh, ow, o, t0, ntaps, P
+    cdef int T = partial.shape[0], tid, no, nt
+    cdef const floating** xs
+    cdef const floating** gs
+    cdef Py_ssize_t* kidx
+    cdef int[1] failed
+    cdef int* fail = &failed[0]
+    failed[0] = 0
+    _conv_geom(&g, x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[4], gout.shape[1],
+               gout.shape[2], gout.shape[3], kh, kw, sh, sw, ph, pw, dh, dw)
+    P = g.N * g.OH * g.OW
+    with nogil, parallel(num_threads=T):
+        xs = <const floating**>malloc(K * sizeof(void*))
+        gs = <const floating**>malloc(g.O * sizeof(void*))
+        kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
+        if xs == NULL or gs == NULL or kidx == NULL:
+            fail[0] = 1
+        else:
+            for q in prange(P, schedule="static"):
+                tid = threadid()
+                n = q // (g.OH * g.OW)
+                oh = (q // g.OW) % g.OH
+                ow = q % g.OW
+                ntaps = _forward_taps(&x[n, 0, 0, 0, 0], &g, oh, ow, xs, kidx)
+                for o in range(g.O):
+                    gs[o] = &gout[n, o, oh, ow, 0]
+                o = 0
+                while o < g.O:
+                    no = <int>min(<Py_ssize_t>CYPOOL_VC_OB, g.O - o)
+                    t0 = 0
+                    while t0 < ntaps:
+                        nt = <int>min(<Py_ssize_t>CYPOOL_VC_TB, ntaps - t0)
+                        _vc_dots(no, gs + o, nt, xs + t0, kidx + t0, g.E,
+                                 &partial[tid, o, 0], K)
+                        t0 = t0 + CYPOOL_VC_TB
+                    o = o + CYPOOL_VC_OB
+        free(xs)
+        free(gs)
+        free(kidx)
+    if failed[0]:
+        raise MemoryError("cypool.vector_conv2d_backward: out of memory")

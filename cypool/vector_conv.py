@@ -1,0 +1,146 @@
+"""Vector-pixel convolution: the functional API.
+
+Images whose every pixel is a vector of E components, ``(C, H, W, E)`` or
+batched ``(N, C, H, W, E)`` (seed 001: zonotopes in network verification,
+component 0 the centre and 1..E-1 the error-term generators). A scalar weight
+multiplies a whole pixel vector and vectors add elementwise; the bias is
+added once, to component 0 of every output pixel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _checks as chk
+from ._backend import kernel, threads_for
+
+__all__ = ["vector_conv2d", "vector_conv2d_backward"]
+
+
+def _conv_args(x, weight, stride, padding, dilation, xname="x"):
+    """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW))."""
+    x, kd = chk.array(x, xname, (4, 5), floating_only=True)
+    weight, wd = chk.array(weight, "weight", (4,), floating_only=True)
+    if x.dtype != weight.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} must match {xname} dtype {x.dtype}")
+    batched = x.ndim == 5
+    x5 = x if batched else x[None]
+    N, C, H, W, E = x5.shape
+    O, Cw, kh, kw = weight.shape
+    if Cw != C:
+        raise ValueError(f"weight has {Cw} input channels but {xname} has {C} (weight shape {weight.shape})")
+    sh, sw = chk.pair(stride, "stride")
+    ph, pw = chk.pair(padding, "padding")
+    dh, dw = chk.pair(dilation, "dilation")
+    if sh < 1 or sw < 1:
+        raise ValueError(f"stride must be positive, got {(sh, sw)}")
+    if dh < 1 or dw < 1:
+        raise ValueError(f"dilation must be positive, got {(dh, dw)}")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if H + 2 * ph < dh * (kh - 1) + 1 or W + 2 * pw < dw * (kw - 1) + 1:
+        raise ValueError(
+            f"weight: kernel {(kh, kw)} with dilation {(dh, dw)} is larger than the padded "
+            f"input {(H + 2 * ph, W + 2 * pw)}"
+        )
+    return x5, batched, weight, (kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW)
+
+
+def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_threads=None):
+    """2-D convolution over images whose pixels are vectors.
+
+    Parameters
+    ----------
+    x : ndarray, shape (C, H, W, E) or (N, C, H, W, E)
+        float32 or float64. E is the pixel-vector length (E = 1 is an
+        ordinary image).
+    weight : ndarray, shape (O, C, kh, kw), same dtype
+        A scalar weight multiplies a whole pixel vector.
+    bias : ndarray, shape (O,), or None
+        Added once, to component 0 of every output pixel (the zonotope
+        centre). Seed 001's reference code adds it once per input channel,
+        contradicting its own rule; cypool follows the rule.
+    stride, padding, dilation : int or (int, int)
+        As in ``torch.nn.Conv2d``; padding is zeros in every component.
+    num_threads : int or None, keyword-only
+        None follows OpenMP's default.
+
+    Returns
+    -------
+    out : C-contiguous ndarray, shape (O, OH, OW, E) or (N, O, OH, OW, E)
+    """
+    x5, batched, weight, geom, (OH, OW) = _conv_args(x, weight, stride, padding, dilation)
+    N, C, H, W, E = x5.shape
+    O, _, kh, kw = weight.shape
+    nt = chk.num_threads_arg(num_threads)
+    dt = x5.dtype
+    if bias is None:
+        b = np.empty(0, dt)
+    else:
+        b, _ = chk.array(bias, "bias", (1,), floating_only=True)
+        if b.dtype != dt:
+            raise TypeError(f"bias dtype {b.dtype} must match x dtype {dt}")
+        if b.shape != (O,):
+            raise ValueError(f"bias must have shape ({O},) for {O} output channels, got {b.shape}")
+        b = chk.contiguous(b, dt)
+    xc = chk.contiguous(x5, dt)
+    wt = np.ascontiguousarray(weight.reshape(O, C * kh * kw).T)  # (K, O): one row per tap
+    out = np.empty((N, O, OH, OW, E), dtype=dt)
+    threads = threads_for(nt, xc.size + out.size, N * OH * OW)
+    kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *geom, threads)
+    return out if batched else out[0]
+
+
+def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
+                           needs_input_grad=True, needs_weight_grad=True, num_threads=None):
+    """Gradients of :func:`vector_conv2d`.
+
+    Parameters
+    ----------
+    grad_output : ndarray, shape (O, OH, OW, E) or (N, O, OH, OW, E)
+    x, weight, stride, padding, dilation
+        As given to the forward call.
+    needs_input_grad, needs_weight_grad : bool, keyword-only
+        Skip a gradient that is not needed (it is returned as None).
+    num_threads : int or None, keyword-only
+
+    Returns
+    -------
+    grad_x : ndarray like x, or None
+    grad_weight : ndarray like weight, or None
+    grad_bias : ndarray of shape (O,)
+        The sum of ``grad_output[..., 0]`` over the batch and positions.
+    """
+    x5, batched, weight, geom, (OH, OW) = _conv_args(x, weight, stride, padding, dilation)
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    N, C, H, W, E = x5.shape
+    O = weight.shape[0]
+    dt = x5.dtype
+    g, _ = chk.array(grad_output, "grad_output", (4, 5), floating_only=True)
+    if g.dtype != dt:
+        raise TypeError(f"grad_output dtype {g.dtype} must match x dtype {dt}")
+    want = (N, O, OH, OW, E) if batched else (O, OH, OW, E)
+    if g.shape != want:
+        raise ValueError(f"grad_output must have shape {want} for this x and weight, got {g.shape}")
+    nt = chk.num_threads_arg(num_threads)
+    g5 = chk.contiguous(g if batched else g[None], dt)
+    grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
+    grad_x = grad_w = None
+    work = g5.size + x5.size
+    if needs_input_grad:
+        w2 = np.ascontiguousarray(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
+        gx = np.empty((N, C, H, W, E), dtype=dt)
+        threads = threads_for(nt, work, N * H * W)
+        kernel("vector_conv2d_input_grad", dt)(g5, w2, gx, sh, sw, ph, pw, dh, dw, kh, kw, threads)
+        grad_x = gx if batched else gx[0]
+    if needs_weight_grad:
+        xc = chk.contiguous(x5, dt)
+        threads = threads_for(nt, work, N * OH * OW)
+        partial = np.zeros((threads, O, C * kh * kw), dtype=dt)
+        kernel("vector_conv2d_weight_grad", dt)(g5, xc, partial, *geom)
+        grad_w = partial[0]
+        for t in range(1, threads):  # in thread order: deterministic
+            grad_w = grad_w + partial[t]
+        grad_w = grad_w.reshape(weight.shape)
+    return grad_x, grad_w, grad_bias

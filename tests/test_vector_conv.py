@@ -1,0 +1,215 @@
+"""vector_conv2d, vector_conv2d_backward and VectorConv2d against the loop
+reference in tests/reference.py, PyTorch (the seed's formulation) and finite
+differences."""
+import numpy as np
+import pytest
+
+import cypool
+import reference as ref
+from conftest import torch_or_skip
+
+
+def random_case(rng):
+    while True:
+        kh, kw = (int(v) for v in rng.integers(1, 5, size=2))
+        sh, sw = (int(v) for v in rng.integers(1, 4, size=2))
+        ph, pw = (int(v) for v in rng.integers(0, 3, size=2))
+        dh, dw = (int(v) for v in rng.integers(1, 3, size=2))
+        H, W = (int(v) for v in rng.integers(1, 10, size=2))
+        if H + 2 * ph >= dh * (kh - 1) + 1 and W + 2 * pw >= dw * (kw - 1) + 1:
+            break
+    N, C, O = (int(v) for v in rng.integers(1, 4, size=3))
+    E = int(rng.choice([1, 2, 5, 8, 16, 17, 40]))
+    return (N, C, H, W, E), (O, C, kh, kw), dict(stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw))
+
+
+def tol(dtype):
+    return dict(rtol=2e-4, atol=2e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_forward_and_backward_match_reference(rng, trial):
+    xs, ws, geo = random_case(rng)
+    dtype = [np.float32, np.float64][trial % 2]
+    batched = trial % 4 != 0
+    if not batched:
+        xs = (1,) + xs[1:]
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype) if trial % 3 else None
+    xin = x if batched else x[0]
+    out = cypool.vector_conv2d(xin, w, b, **geo)
+    want = ref.vector_conv2d(x.astype(np.float64), w.astype(np.float64),
+                             None if b is None else b.astype(np.float64), geo["stride"], geo["padding"],
+                             geo["dilation"])
+    assert out.dtype == dtype and out.flags.c_contiguous
+    np.testing.assert_allclose(out, want if batched else want[0], **tol(dtype))
+    g = rng.standard_normal(want.shape).astype(dtype)
+    gx, gw, gb = cypool.vector_conv2d_backward(g if batched else g[0], xin, w, **geo)
+    rgx, rgw, rgb = ref.vector_conv2d_backward(g.astype(np.float64), x.astype(np.float64),
+                                               w.astype(np.float64), geo["stride"], geo["padding"],
+                                               geo["dilation"])
+    np.testing.assert_allclose(gx, rgx if batched else rgx[0], **tol(dtype))
+    np.testing.assert_allclose(gw, rgw, **tol(dtype))
+    np.testing.assert_allclose(gb, rgb, **tol(dtype))
+
+
+def test_bias_goes_once_to_component_zero():
+    x = np.zeros((3, 4, 4, 5))
+    w = np.ones((2, 3, 3, 3))
+    out = cypool.vector_conv2d(x, w, np.array([1.5, -2.0]))
+    np.testing.assert_array_equal(out[0, ..., 0], 1.5)  # not 3 * 1.5 (once per input channel)
+    np.testing.assert_array_equal(out[1, ..., 0], -2.0)
+    assert (out[..., 1:] == 0).all()
+
+
+def test_e_equal_one_is_an_ordinary_convolution(rng):
+    x = rng.standard_normal((2, 3, 9, 9, 1))
+    w = rng.standard_normal((4, 3, 3, 3))
+    out = cypool.vector_conv2d(x, w, None, stride=2, padding=1)
+    want = ref.vector_conv2d(x, w, None, (2, 2), (1, 1), (1, 1))
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_non_contiguous_inputs(rng):
+    base = rng.standard_normal((2, 6, 8, 8, 10)).astype(np.float32)
+    x = base[:, ::2, :, :, ::2]
+    w = rng.standard_normal((3, 4, 3, 2)).astype(np.float32).transpose(0, 1, 2, 3)[:, :3]
+    np.testing.assert_array_equal(cypool.vector_conv2d(x, w, padding=1),
+                                  cypool.vector_conv2d(np.ascontiguousarray(x), np.ascontiguousarray(w), padding=1))
+
+
+def test_threads_give_the_same_result(rng):
+    x = rng.standard_normal((2, 4, 16, 16, 33)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    a = cypool.vector_conv2d(x, w, num_threads=1, padding=1)
+    b = cypool.vector_conv2d(x, w, num_threads=2, padding=1)
+    np.testing.assert_array_equal(a, b)
+    g = rng.standard_normal(a.shape).astype(np.float32)
+    for u, v in zip(cypool.vector_conv2d_backward(g, x, w, padding=1, num_threads=2),
+                    cypool.vector_conv2d_backward(g, x, w, padding=1, num_threads=2)):
+        np.testing.assert_array_equal(u, v)  # deterministic for a thread count
+
+
+def test_backward_skips_what_is_not_needed(rng):
+    x = rng.standard_normal((2, 5, 5, 3))
+    w = rng.standard_normal((3, 2, 2, 2))
+    g = rng.standard_normal((3, 4, 4, 3))
+    gx, gw, gb = cypool.vector_conv2d_backward(g, x, w, needs_input_grad=False)
+    assert gx is None and gw is not None
+    gx, gw, gb = cypool.vector_conv2d_backward(g, x, w, needs_weight_grad=False)
+    assert gw is None and gx.shape == x.shape and gb.shape == (3,)
+
+
+@pytest.mark.parametrize("trial", range(8))
+def test_matches_torch_seed_answer_and_autograd(rng, trial):
+    torch = torch_or_skip()
+    import torch.nn.functional as F
+    xs, ws, geo = random_case(rng)
+    x = rng.standard_normal(xs[1:]).astype(np.float64)  # unbatched (C, H, W, E), as the seed
+    w = rng.standard_normal(ws)
+    b = rng.standard_normal(ws[0])
+    tx = torch.from_numpy(x).requires_grad_(True)
+    tw = torch.from_numpy(w).requires_grad_(True)
+    tb = torch.from_numpy(b).requires_grad_(True)
+    out = F.conv2d(tx.permute(3, 0, 1, 2), tw, None, geo["stride"], geo["padding"], geo["dilation"])
+    bias = torch.zeros_like(out)
+    bias[0] = tb.view(-1, 1, 1)  # once, on component 0
+    tout = (out + bias).permute(1, 2, 3, 0)
+    np.testing.assert_allclose(cypool.vector_conv2d(x, w, b, **geo), tout.detach().numpy(), rtol=1e-10, atol=1e-10)
+    g = rng.standard_normal(tuple(tout.shape))
+    tout.backward(torch.from_numpy(g))
+    gx, gw, gb = cypool.vector_conv2d_backward(g, x, w, **geo)
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gb, tb.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_layer_init_like_torch_and_reproducible():
+    a = cypool.VectorConv2d(3, 5, (3, 2), rng=7)
+    b = cypool.VectorConv2d(3, 5, (3, 2), rng=np.random.default_rng(7))
+    np.testing.assert_array_equal(a.weight, b.weight)
+    assert a.weight.shape == (5, 3, 3, 2) and a.weight.dtype == np.float32 and a.bias.shape == (5,)
+    bound = 1 / np.sqrt(3 * 3 * 2)
+    assert np.abs(a.weight).max() <= bound and np.abs(a.bias).max() <= bound
+    assert np.abs(a.weight).max() > 0.5 * bound
+    assert cypool.VectorConv2d(3, 5, 3, bias=False).bias is None
+    assert cypool.VectorConv2d(3, 5, 3, dtype=np.float64).weight.dtype == np.float64
+
+
+def test_layer_gradients_by_finite_differences(rng):
+    layer = cypool.VectorConv2d(2, 3, (2, 3), stride=(1, 2), padding=1, dtype=np.float64, rng=1)
+    x = rng.standard_normal((1, 2, 4, 5, 3))
+    out = layer(x)
+    w_out = rng.standard_normal(out.shape)
+    gx = layer.backward(w_out)
+    eps = 1e-6
+
+    def loss():
+        return (layer(x) * w_out).sum()
+
+    for idx in [(0, 0, 0, 0, 0), (0, 1, 3, 4, 2), (0, 1, 2, 2, 1)]:
+        x[idx] += eps
+        up = loss()
+        x[idx] -= 2 * eps
+        down = loss()
+        x[idx] += eps
+        assert abs((up - down) / (2 * eps) - gx[idx]) < 1e-6
+    for idx in [(0, 0, 0, 0), (2, 1, 1, 2)]:
+        layer.weight[idx] += eps
+        up = loss()
+        layer.weight[idx] -= 2 * eps
+        down = loss()
+        layer.weight[idx] += eps
+        assert abs((up - down) / (2 * eps) - layer.grad_weight[idx]) < 1e-6
+    layer.bias[1] += eps
+    up = loss()
+    layer.bias[1] -= 2 * eps
+    down = loss()
+    layer.bias[1] += eps
+    assert abs((up - down) / (2 * eps) - layer.grad_bias[1]) < 1e-6
+    layer.eval()
+    layer(x)
+    with pytest.raises(RuntimeError):
+        layer.backward(w_out)
+
+
+X = np.zeros((3, 6, 6, 4), np.float32)
+Wt = np.zeros((2, 3, 3, 3), np.float32)
+
+
+@pytest.mark.parametrize("args, kwargs, exc, name", [
+    ((X, Wt[:, :2]), {}, ValueError, "channels"),
+    ((X, np.zeros((2, 3, 9, 9), np.float32)), {}, ValueError, "weight"),
+    ((X, Wt), dict(stride=0), ValueError, "stride"),
+    ((X, Wt), dict(dilation=0), ValueError, "dilation"),
+    ((X, Wt), dict(padding=-1), ValueError, "padding"),
+    ((X, Wt, np.zeros(3, np.float32)), {}, ValueError, "bias"),
+    ((X, Wt, np.zeros(2, np.float64)), {}, TypeError, "bias"),
+    ((X[0], Wt), {}, ValueError, "x"),
+    ((X, Wt[0]), {}, ValueError, "weight"),
+    ((X.astype(np.float64), Wt), {}, TypeError, "dtype"),
+    ((X.astype(np.int32), Wt), {}, TypeError, "x"),
+    ((X.astype(np.float16), Wt), {}, TypeError, "x"),
+    ((X, Wt), dict(num_threads=0), ValueError, "num_threads"),
+])
+def test_bad_input(args, kwargs, exc, name):
+    with pytest.raises(exc, match=name):
+        cypool.vector_conv2d(*args, **kwargs)
+
+
+def test_backward_bad_grad_output():
+    g = np.zeros((2, 4, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="grad_output"):
+        cypool.vector_conv2d_backward(g[:, :3], X, Wt)
+    with pytest.raises(TypeError, match="grad_output"):
+        cypool.vector_conv2d_backward(g.astype(np.float64), X, Wt)
+
+
+def test_layer_bad_parameters():
+    with pytest.raises(ValueError, match="channels"):
+        cypool.VectorConv2d(0, 3, 3)
+    with pytest.raises(TypeError, match="dtype"):
+        cypool.VectorConv2d(1, 3, 3, dtype=np.int32)
+    with pytest.raises(ValueError, match="kernel_size"):
+        cypool.VectorConv2d(1, 3, 0)
