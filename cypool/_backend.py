@@ -95,8 +95,11 @@ def kernel(name: str, *dtypes: np.dtype):
     fn = _specialised.get(key)
     if fn is None:
         generic = getattr(kernels, name)
-        sig = "|".join(_C_NAMES[d.name] for d in dtypes)
-        fn = _specialised[key] = generic.__signatures__[sig]
+        if dtypes:
+            sig = "|".join(_C_NAMES[d.name] for d in dtypes)
+            fn = _specialised[key] = generic.__signatures__[sig]
+        else:
+            fn = _specialised[key] = generic
     return fn
 
 

@@ -14,11 +14,11 @@
 
 cdef extern from "_vconv_kernel.h" nogil:
     void cypool_vc_pixel_f32(Py_ssize_t ntaps, const float* const* xs, const float* w,
-                             Py_ssize_t ldw, Py_ssize_t E, Py_ssize_t O, float* const* outs,
-                             const float* bias)
+                             Py_ssize_t ldw, Py_ssize_t e_lo, Py_ssize_t e_hi, Py_ssize_t O,
+                             float* const* outs, const float* bias)
     void cypool_vc_pixel_f64(Py_ssize_t ntaps, const double* const* xs, const double* w,
-                             Py_ssize_t ldw, Py_ssize_t E, Py_ssize_t O, double* const* outs,
-                             const double* bias)
+                             Py_ssize_t ldw, Py_ssize_t e_lo, Py_ssize_t e_hi, Py_ssize_t O,
+                             double* const* outs, const double* bias)
     void cypool_vc_dots_f32(int no, const float* const* gs, int nt, const float* const* xs,
                             const Py_ssize_t* tap, Py_ssize_t E, float* gw, Py_ssize_t ldgw)
     void cypool_vc_dots_f64(int no, const double* const* gs, int nt, const double* const* xs,
@@ -28,12 +28,12 @@ cdef extern from "_vconv_kernel.h" nogil:
 
 
 cdef inline void _vc_pixel(Py_ssize_t ntaps, const floating** xs, const floating* w,
-                           Py_ssize_t ldw, Py_ssize_t E, Py_ssize_t O, floating** outs,
-                           const floating* bias) noexcept nogil:
+                           Py_ssize_t ldw, Py_ssize_t e_lo, Py_ssize_t e_hi, Py_ssize_t O,
+                           floating** outs, const floating* bias) noexcept nogil:
     if floating is float:
-        cypool_vc_pixel_f32(ntaps, xs, w, ldw, E, O, outs, bias)
+        cypool_vc_pixel_f32(ntaps, xs, w, ldw, e_lo, e_hi, O, outs, bias)
     else:
-        cypool_vc_pixel_f64(ntaps, xs, w, ldw, E, O, outs, bias)
+        cypool_vc_pixel_f64(ntaps, xs, w, ldw, e_lo, e_hi, O, outs, bias)
 
 
 cdef inline void _vc_dots(int no, const floating** gs, int nt, const floating** xs,
@@ -93,19 +93,28 @@ cdef inline void _conv_geom(ConvGeom* g, Py_ssize_t N, Py_ssize_t C, Py_ssize_t 
     g.kh = kh; g.kw = kw; g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw
 
 
+def channel_block():
+    """Output channels per register tile: callers pad weight rows to a
+    multiple of it (zero columns) so every tile is a full one."""
+    return CYPOOL_VC_OB
+
+
 def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, W, E)
-                          const floating[:, ::1] wt,            # IN  (K, O): weight rows per tap (c, i, j)
-                          const floating[::1] bias,             # IN  (O,), or empty for none
+                          const floating[:, ::1] wt,            # IN  (K, Op): weight rows per tap (c, i, j), O padded to Op
+                          const floating[::1] bias,             # IN  (Op,), or empty for none
                           floating[:, :, :, :, ::1] out,        # OUT (N, O, OH, OW, E)
                           Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                           Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw,
-                          int num_threads):
+                          Py_ssize_t e_chunk, int num_threads):
+    """E is swept in chunks of e_chunk, each over all pixels, so that the
+    tap vectors neighbouring pixels share are still in L2 when reused."""
     cdef ConvGeom g
-    cdef Py_ssize_t K = wt.shape[0], q, n, oh, ow, o, ntaps, P
+    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, ntaps, P, pad, e_lo
     cdef const floating** xs
     cdef floating** outs
     cdef Py_ssize_t* kidx
     cdef floating* wbuf
+    cdef floating* scratch
     cdef const floating* wrows
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef int[1] failed
@@ -116,44 +125,53 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     P = g.N * g.OH * g.OW
     with nogil, parallel(num_threads=num_threads):
         xs = <const floating**>malloc(K * sizeof(void*))
-        outs = <floating**>malloc(g.O * sizeof(void*))
+        outs = <floating**>malloc(Op * sizeof(void*))
         kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
-        wbuf = <floating*>malloc(K * g.O * sizeof(floating))
-        if xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL:
+        wbuf = <floating*>malloc(K * Op * sizeof(floating))
+        scratch = <floating*>malloc(g.E * sizeof(floating))
+        if xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL or scratch == NULL:
             fail[0] = 1
         else:
-            for q in prange(P, schedule="static"):
-                _note_team()
-                n = q // (g.OH * g.OW)
-                oh = (q // g.OW) % g.OH
-                ow = q % g.OW
-                ntaps = _forward_taps(&x[n, 0, 0, 0, 0], &g, oh, ow, xs, kidx)
-                wrows = _weight_rows(&wt[0, 0], g.O, ntaps, K, kidx, wbuf)
-                for o in range(g.O):
-                    outs[o] = &out[n, o, oh, ow, 0]
-                _vc_pixel(ntaps, xs, wrows, g.O, g.E, g.O, outs, bptr)
+            for pad in range(g.O, Op):
+                outs[pad] = scratch  # padding channels: computed, discarded
+            e_lo = 0
+            while e_lo < g.E:
+                for q in prange(P, schedule="static"):
+                    _note_team()
+                    n = q // (g.OH * g.OW)
+                    oh = (q // g.OW) % g.OH
+                    ow = q % g.OW
+                    ntaps = _forward_taps(&x[n, 0, 0, 0, 0], &g, oh, ow, xs, kidx)
+                    wrows = _weight_rows(&wt[0, 0], Op, ntaps, K, kidx, wbuf)
+                    for o in range(g.O):
+                        outs[o] = &out[n, o, oh, ow, 0]
+                    _vc_pixel(ntaps, xs, wrows, Op, e_lo, min(e_lo + e_chunk, g.E), Op, outs, bptr)
+                e_lo = e_lo + e_chunk
         free(xs)
         free(outs)
         free(kidx)
         free(wbuf)
+        free(scratch)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d: out of memory")
 
 
 def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O, OH, OW, E)
-                             const floating[:, ::1] w2,             # IN  (kh*kw*O, C): rows per tap (i, j, o)
+                             const floating[:, ::1] w2,             # IN  (kh*kw*O, Cp): rows per tap (i, j, o), C padded to Cp
                              floating[:, :, :, :, ::1] gx,          # OUT (N, C, H, W, E)
                              Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
                              Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t kh, Py_ssize_t kw,
-                             int num_threads):
+                             Py_ssize_t e_chunk, int num_threads):
     """grad_x[n, c, ih, iw] = sum over (i, j, o) reaching (ih, iw) of
-    w[o, c, i, j] * grad_out[n, o, oh, ow]: a gather, so pixels are independent."""
+    w[o, c, i, j] * grad_out[n, o, oh, ow]: a gather, so pixels are
+    independent. E is swept in chunks, as in the forward."""
     cdef ConvGeom g
-    cdef Py_ssize_t K = w2.shape[0], q, n, ih, iw, i, j, o, c, a, b, oh, ow, ntaps, P
+    cdef Py_ssize_t K = w2.shape[0], Cp = w2.shape[1], q, n, ih, iw, i, j, o, c, a, b, oh, ow, ntaps, P, pad, e_lo
     cdef const floating** xs
     cdef floating** outs
     cdef Py_ssize_t* kidx
     cdef floating* wbuf
+    cdef floating* scratch
     cdef const floating* wrows
     cdef int[1] failed
     cdef int* fail = &failed[0]
@@ -163,43 +181,51 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
     P = g.N * g.H * g.W
     with nogil, parallel(num_threads=num_threads):
         xs = <const floating**>malloc(K * sizeof(void*))
-        outs = <floating**>malloc(g.C * sizeof(void*))
+        outs = <floating**>malloc(Cp * sizeof(void*))
         kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
-        wbuf = <floating*>malloc(K * g.C * sizeof(floating))
-        if xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL:
+        wbuf = <floating*>malloc(K * Cp * sizeof(floating))
+        scratch = <floating*>malloc(g.E * sizeof(floating))
+        if xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL or scratch == NULL:
             fail[0] = 1
         else:
-            for q in prange(P, schedule="static"):
-                n = q // (g.H * g.W)
-                ih = (q // g.W) % g.H
-                iw = q % g.W
-                ntaps = 0
-                for i in range(g.kh):
-                    a = ih + g.ph - i * g.dh
-                    if a < 0 or a % g.sh != 0 or a // g.sh >= g.OH:
-                        continue
-                    oh = a // g.sh
-                    for j in range(g.kw):
-                        b = iw + g.pw - j * g.dw
-                        if b < 0 or b % g.sw != 0 or b // g.sw >= g.OW:
+            for pad in range(g.C, Cp):
+                outs[pad] = scratch  # padding channels: computed, discarded
+            e_lo = 0
+            while e_lo < g.E:
+                for q in prange(P, schedule="static"):
+                    n = q // (g.H * g.W)
+                    ih = (q // g.W) % g.H
+                    iw = q % g.W
+                    ntaps = 0
+                    for i in range(g.kh):
+                        a = ih + g.ph - i * g.dh
+                        if a < 0 or a % g.sh != 0 or a // g.sh >= g.OH:
                             continue
-                        ow = b // g.sw
-                        for o in range(g.O):
-                            xs[ntaps] = &gout[n, o, oh, ow, 0]
-                            kidx[ntaps] = (i * g.kw + j) * g.O + o
-                            ntaps = ntaps + 1
-                for c in range(g.C):
-                    outs[c] = &gx[n, c, ih, iw, 0]
-                if ntaps == 0:
+                        oh = a // g.sh
+                        for j in range(g.kw):
+                            b = iw + g.pw - j * g.dw
+                            if b < 0 or b % g.sw != 0 or b // g.sw >= g.OW:
+                                continue
+                            ow = b // g.sw
+                            for o in range(g.O):
+                                xs[ntaps] = &gout[n, o, oh, ow, 0]
+                                kidx[ntaps] = (i * g.kw + j) * g.O + o
+                                ntaps = ntaps + 1
                     for c in range(g.C):
-                        memset(outs[c], 0, g.E * sizeof(floating))
-                else:
-                    wrows = _weight_rows(&w2[0, 0], g.C, ntaps, K, kidx, wbuf)
-                    _vc_pixel(ntaps, xs, wrows, g.C, g.E, g.C, outs, <const floating*>NULL)
+                        outs[c] = &gx[n, c, ih, iw, 0]
+                    if ntaps == 0:
+                        for c in range(g.C):
+                            memset(outs[c] + e_lo, 0, (min(e_lo + e_chunk, g.E) - e_lo) * sizeof(floating))
+                    else:
+                        wrows = _weight_rows(&w2[0, 0], Cp, ntaps, K, kidx, wbuf)
+                        _vc_pixel(ntaps, xs, wrows, Cp, e_lo, min(e_lo + e_chunk, g.E), Cp, outs,
+                                  <const floating*>NULL)
+                e_lo = e_lo + e_chunk
         free(xs)
         free(outs)
         free(kidx)
         free(wbuf)
+        free(scratch)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d_backward: out of memory")
 

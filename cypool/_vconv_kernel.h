@@ -156,7 +156,7 @@ static inline void cypool_vc_dots_edge_##SUF(int no, const T *const *gs, int nt,
 }                                                                                    \
 CYPOOL_VC_FULL(T, SUF, EB)                                                           \
                                                                                      \
-/* outs[o][:E] = (bias[o] at component 0) + sum_t w[t * ldw + o] * xs[t][:E]   \
+/* outs[o][e_lo:E] = (bias[o] at component 0) + sum_t w[t*ldw + o] * xs[t][e_lo:E] \
  * for every o < O; bias may be NULL. E blocks outside, O blocks inside, so a   \
  * block of the taps' vectors stays in L1 while every output channel uses it. */ \
 static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,       \
@@ -176,10 +176,10 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
 }                                                                                    \
                                                                                      \
 static inline void cypool_vc_pixel_##SUF(ptrdiff_t ntaps, const T *const *xs,        \
-        const T *w, ptrdiff_t ldw, ptrdiff_t E, ptrdiff_t O, T *const *outs,         \
-        const T *bias)                                                               \
+        const T *w, ptrdiff_t ldw, ptrdiff_t e_lo, ptrdiff_t E, ptrdiff_t O,         \
+        T *const *outs, const T *bias)                                               \
 {                                                                                    \
-    ptrdiff_t e0 = 0;                                                                \
+    ptrdiff_t e0 = e_lo;                                                             \
     for (; e0 + EB <= E; e0 += EB)                                                   \
         cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB, O, outs, bias);            \
     if (e0 + EB / 2 <= E) {                                                          \

@@ -16,6 +16,32 @@ from ._backend import kernel, threads_for
 __all__ = ["vector_conv2d", "vector_conv2d_backward"]
 
 
+# Bytes of tap vectors to keep in L2 while neighbouring pixels reuse them.
+_L2_BUDGET = 512 * 1024
+
+
+def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
+    """Length of the E chunks swept over all pixels: the vectors that `rows`
+    consecutive pixel rows read (row_vectors each) fit in _L2_BUDGET; a
+    multiple of 16, whole E when it fits anyway."""
+    per = max(1, rows * row_vectors * itemsize)
+    ec = max(16, (_L2_BUDGET // per) // 16 * 16)
+    return E if ec >= E else ec
+
+
+def _padded_columns(a: np.ndarray) -> np.ndarray:
+    """a (rows, n) as C-contiguous (rows, n') with zero columns up to a multiple
+    of the kernels' channel block, so that every register tile is full."""
+    blk = kernel("channel_block")()
+    n = a.shape[1]
+    npad = -(-n // blk) * blk
+    if npad == n:
+        return np.ascontiguousarray(a)
+    out = np.zeros((a.shape[0], npad), dtype=a.dtype)
+    out[:, :n] = a
+    return out
+
+
 def _conv_args(x, weight, stride, padding, dilation, xname="x"):
     """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW))."""
     x, kd = chk.array(x, xname, (4, 5), floating_only=True)
@@ -83,12 +109,14 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
             raise TypeError(f"bias dtype {b.dtype} must match x dtype {dt}")
         if b.shape != (O,):
             raise ValueError(f"bias must have shape ({O},) for {O} output channels, got {b.shape}")
-        b = chk.contiguous(b, dt)
+        b = _padded_columns(b[None, :])[0]
     xc = chk.contiguous(x5, dt)
-    wt = np.ascontiguousarray(weight.reshape(O, C * kh * kw).T)  # (K, O): one row per tap
+    wt = _padded_columns(weight.reshape(O, C * kh * kw).T)  # (K, O padded): one row per tap
     out = np.empty((N, O, OH, OW, E), dtype=dt)
     threads = threads_for(nt, xc.size + out.size, N * OH * OW)
-    kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *geom, threads)
+    kh_, kw_, sh_, sw_ = geom[:4]
+    ec = _e_chunk(E, kh_, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors
+    kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *geom, ec, threads)
     return out if batched else out[0]
 
 
@@ -129,10 +157,11 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     grad_x = grad_w = None
     work = g5.size + x5.size
     if needs_input_grad:
-        w2 = np.ascontiguousarray(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
+        w2 = _padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
         gx = np.empty((N, C, H, W, E), dtype=dt)
         threads = threads_for(nt, work, N * H * W)
-        kernel("vector_conv2d_input_grad", dt)(g5, w2, gx, sh, sw, ph, pw, dh, dw, kh, kw, threads)
+        ec = _e_chunk(E, -(-kh // sh), O * OW, dt.itemsize)  # input rows reach ceil(kh/sh) output rows
+        kernel("vector_conv2d_input_grad", dt)(g5, w2, gx, sh, sw, ph, pw, dh, dw, kh, kw, ec, threads)
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
         xc = chk.contiguous(x5, dt)

@@ -213,3 +213,20 @@ def test_layer_bad_parameters():
         cypool.VectorConv2d(1, 3, 3, dtype=np.int32)
     with pytest.raises(ValueError, match="kernel_size"):
         cypool.VectorConv2d(1, 3, 0)
+
+
+def test_e_chunked_sweep_matches(rng, monkeypatch):
+    # Large E is swept in chunks over all pixels; force tiny chunks here.
+    import cypool.vector_conv as vc
+    x = rng.standard_normal((1, 3, 6, 7, 70))
+    w = rng.standard_normal((5, 3, 3, 2))
+    b = rng.standard_normal(5)
+    want = ref.vector_conv2d(x, w, b, (1, 2), (1, 1), (1, 1))
+    g = rng.standard_normal(want.shape)
+    rgx, rgw, _ = ref.vector_conv2d_backward(g, x, w, (1, 2), (1, 1), (1, 1))
+    monkeypatch.setattr(vc, "_L2_BUDGET", 1)
+    assert vc._e_chunk(70, 3, 100, 8) == 16
+    np.testing.assert_allclose(cypool.vector_conv2d(x, w, b, (1, 2), 1), want, rtol=1e-10, atol=1e-10)
+    gx, gw, _ = cypool.vector_conv2d_backward(g, x, w, (1, 2), 1)
+    np.testing.assert_allclose(gx, rgx, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw, rgw, rtol=1e-10, atol=1e-10)
