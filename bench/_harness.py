@@ -56,7 +56,7 @@ def peers_report() -> str:
     return line
 
 
-def compare(fns: dict, repeats: int = 15) -> dict:
+def compare(fns: dict, repeats: int = 15, pause: float = 0.0) -> dict:
     """Median seconds per call of each fn, timed interleaved.
 
     In every repeat each fn is called once untimed and then timed, so that it
@@ -65,6 +65,10 @@ def compare(fns: dict, repeats: int = 15) -> dict:
     right after another peer freed its buffers costs page faults worth up to
     10x a small convolution, for whichever peer comes second. A repeat that
     is very short times several calls and divides.
+
+    pause: seconds to sleep before each peer's untimed call. OpenBLAS worker
+    threads busy-wait for about 0.1 s after a matrix product; on a 2-core
+    machine they would take a core from whichever peer runs next.
     """
     inner = {}
     for name, fn in fns.items():
@@ -76,6 +80,8 @@ def compare(fns: dict, repeats: int = 15) -> dict:
     for _ in range(repeats):
         for name, fn in fns.items():
             n = inner[name]
+            if pause:
+                time.sleep(pause)
             fn()
             t = time.perf_counter()
             for _ in range(n):

@@ -3,11 +3,10 @@
 #   out[n, o, oh, ow, :] = bias[o] * e_0 + sum over (c, i, j) of
 #                          w[o, c, i, j] * x[n, c, oh*s - p + i*d, ow*s - p + j*d, :]
 #
-# Zero padding contributes nothing, so it is skipped. For every output pixel
-# the valid taps (input pixel vectors) are listed, and the register-blocked
+# For every output pixel the K = C*kh*kw taps (input pixel vectors; a vector
+# of zeros for a tap in the padding) are listed, and the register-blocked
 # micro-kernel of _vconv_kernel.h computes all O output vectors from them:
-# no im2col buffer, only per-thread lists of K = C*kh*kw pointers and, at the
-# borders, the matching K weight rows. The input gradient is the same
+# no im2col buffer, only a per-thread list of K pointers. The input gradient is the same
 # computation run from each input pixel over the (o, i, j) taps that reach
 # it; the weight gradient sums dot products over E into per-thread partials
 # that are added in thread order. Every loop is parallel over pixels.
@@ -15,10 +14,14 @@
 cdef extern from "_vconv_kernel.h" nogil:
     void cypool_vc_pixel_f32(Py_ssize_t ntaps, const float* const* xs, const float* w,
                              Py_ssize_t ldw, Py_ssize_t e_lo, Py_ssize_t e_hi, Py_ssize_t O,
-                             float* const* outs, const float* bias)
+                             float* const* outs, const float* bias, float* pack,
+                             const float* const* pp)
     void cypool_vc_pixel_f64(Py_ssize_t ntaps, const double* const* xs, const double* w,
                              Py_ssize_t ldw, Py_ssize_t e_lo, Py_ssize_t e_hi, Py_ssize_t O,
-                             double* const* outs, const double* bias)
+                             double* const* outs, const double* bias, double* pack,
+                             const double* const* pp)
+    int CYPOOL_VC_EB_F32
+    int CYPOOL_VC_EB_F64
     void cypool_vc_dots_f32(int no, const float* const* gs, int nt, const float* const* xs,
                             const Py_ssize_t* tap, Py_ssize_t E, float* gw, Py_ssize_t ldgw)
     void cypool_vc_dots_f64(int no, const double* const* gs, int nt, const double* const* xs,
@@ -29,11 +32,31 @@ cdef extern from "_vconv_kernel.h" nogil:
 
 cdef inline void _vc_pixel(Py_ssize_t ntaps, const floating** xs, const floating* w,
                            Py_ssize_t ldw, Py_ssize_t e_lo, Py_ssize_t e_hi, Py_ssize_t O,
-                           floating** outs, const floating* bias) noexcept nogil:
+                           floating** outs, const floating* bias, floating* pack,
+                           const floating** pp) noexcept nogil:
     if floating is float:
-        cypool_vc_pixel_f32(ntaps, xs, w, ldw, e_lo, e_hi, O, outs, bias)
+        cypool_vc_pixel_f32(ntaps, xs, w, ldw, e_lo, e_hi, O, outs, bias, pack, pp)
     else:
-        cypool_vc_pixel_f64(ntaps, xs, w, ldw, e_lo, e_hi, O, outs, bias)
+        cypool_vc_pixel_f64(ntaps, xs, w, ldw, e_lo, e_hi, O, outs, bias, pack, pp)
+
+
+cdef inline const floating** _pack_new(Py_ssize_t ntaps, floating* like) noexcept nogil:
+    """Per-thread packing buffer for ntaps blocks of E: one allocation, the
+    row pointers first, then the rows (_pack_rows). Returned, not written
+    through an argument, so that prange makes it private."""
+    cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
+    cdef Py_ssize_t t
+    cdef const floating** pp = <const floating**>malloc(
+        ntaps * sizeof(void*) + ntaps * eb * sizeof(floating))
+    if pp == NULL:
+        return NULL
+    for t in range(ntaps):
+        pp[t] = (<floating*>(pp + ntaps)) + t * eb
+    return pp
+
+
+cdef inline floating* _pack_rows(const floating** pp, Py_ssize_t ntaps) noexcept nogil:
+    return <floating*>(pp + ntaps) if pp != NULL else NULL
 
 
 cdef inline void _vc_dots(int no, const floating** gs, int nt, const floating** xs,
@@ -69,6 +92,26 @@ cdef inline Py_ssize_t _forward_taps(const floating* xn, const ConvGeom* g, Py_s
                 kidx[n] = (c * g.kh + i) * g.kw + j
                 n += 1
     return n
+
+
+cdef inline void _all_taps(const floating* xn, const ConvGeom* g, Py_ssize_t oh,
+                           Py_ssize_t ow, const floating* zero,
+                           const floating** xs) noexcept nogil:
+    """Every tap (c, i, j) of output pixel (oh, ow), in weight-row order; a
+    tap in the zero padding points at a vector of zeros. Border pixels then
+    do a few useless multiply-adds, but every pixel uses the weight matrix
+    as it is, with no gathering."""
+    cdef Py_ssize_t c, i, j, ih, iw, n = 0
+    for c in range(g.C):
+        for i in range(g.kh):
+            ih = oh * g.sh - g.ph + i * g.dh
+            for j in range(g.kw):
+                iw = ow * g.sw - g.pw + j * g.dw
+                if ih < 0 or ih >= g.H or iw < 0 or iw >= g.W:
+                    xs[n] = zero
+                else:
+                    xs[n] = xn + ((c * g.H + ih) * g.W + iw) * g.E
+                n += 1
 
 
 cdef inline const floating* _weight_rows(const floating* w, Py_ssize_t ld, Py_ssize_t ntaps,
@@ -109,13 +152,13 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     """E is swept in chunks of e_chunk, each over all pixels, so that the
     tap vectors neighbouring pixels share are still in L2 when reused."""
     cdef ConvGeom g
-    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, ntaps, P, pad, e_lo
+    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, P, pad, e_lo
     cdef const floating** xs
     cdef floating** outs
-    cdef Py_ssize_t* kidx
-    cdef floating* wbuf
     cdef floating* scratch
-    cdef const floating* wrows
+    cdef floating* zero
+    cdef floating* pack
+    cdef const floating** pp
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef int[1] failed
     cdef int* fail = &failed[0]
@@ -123,13 +166,16 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     _conv_geom(&g, x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[4], out.shape[1],
                out.shape[2], out.shape[3], kh, kw, sh, sw, ph, pw, dh, dw)
     P = g.N * g.OH * g.OW
+    zero = <floating*>calloc(g.E, sizeof(floating))  # shared, read-only
+    if zero == NULL:
+        raise MemoryError("cypool.vector_conv2d: out of memory")
     with nogil, parallel(num_threads=num_threads):
         xs = <const floating**>malloc(K * sizeof(void*))
         outs = <floating**>malloc(Op * sizeof(void*))
-        kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
-        wbuf = <floating*>malloc(K * Op * sizeof(floating))
         scratch = <floating*>malloc(g.E * sizeof(floating))
-        if xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL or scratch == NULL:
+        pp = _pack_new(K, <floating*>NULL)
+        pack = _pack_rows(pp, K)
+        if xs == NULL or outs == NULL or scratch == NULL or pp == NULL:
             fail[0] = 1
         else:
             for pad in range(g.O, Op):
@@ -141,17 +187,17 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
                     n = q // (g.OH * g.OW)
                     oh = (q // g.OW) % g.OH
                     ow = q % g.OW
-                    ntaps = _forward_taps(&x[n, 0, 0, 0, 0], &g, oh, ow, xs, kidx)
-                    wrows = _weight_rows(&wt[0, 0], Op, ntaps, K, kidx, wbuf)
+                    _all_taps(&x[n, 0, 0, 0, 0], &g, oh, ow, zero, xs)
                     for o in range(g.O):
                         outs[o] = &out[n, o, oh, ow, 0]
-                    _vc_pixel(ntaps, xs, wrows, Op, e_lo, min(e_lo + e_chunk, g.E), Op, outs, bptr)
+                    _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, min(e_lo + e_chunk, g.E), Op, outs, bptr,
+                              pack, pp)
                 e_lo = e_lo + e_chunk
         free(xs)
         free(outs)
-        free(kidx)
-        free(wbuf)
         free(scratch)
+        free(pp)
+    free(zero)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d: out of memory")
 
@@ -172,6 +218,8 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
     cdef Py_ssize_t* kidx
     cdef floating* wbuf
     cdef floating* scratch
+    cdef floating* pack
+    cdef const floating** pp
     cdef const floating* wrows
     cdef int[1] failed
     cdef int* fail = &failed[0]
@@ -185,7 +233,10 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
         kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
         wbuf = <floating*>malloc(K * Cp * sizeof(floating))
         scratch = <floating*>malloc(g.E * sizeof(floating))
-        if xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL or scratch == NULL:
+        pp = _pack_new(K, <floating*>NULL)
+        pack = _pack_rows(pp, K)
+        if (xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL or scratch == NULL
+                or pp == NULL):
             fail[0] = 1
         else:
             for pad in range(g.C, Cp):
@@ -219,13 +270,14 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
                     else:
                         wrows = _weight_rows(&w2[0, 0], Cp, ntaps, K, kidx, wbuf)
                         _vc_pixel(ntaps, xs, wrows, Cp, e_lo, min(e_lo + e_chunk, g.E), Cp, outs,
-                                  <const floating*>NULL)
+                                  <const floating*>NULL, pack, pp)
                 e_lo = e_lo + e_chunk
         free(xs)
         free(outs)
         free(kidx)
         free(wbuf)
         free(scratch)
+        free(pp)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d_backward: out of memory")
 

@@ -16,6 +16,7 @@
 #ifndef CYPOOL_VCONV_KERNEL_H
 #define CYPOOL_VCONV_KERNEL_H
 #include <stddef.h>
+#include <string.h>
 
 #if defined(__AVX2__)
 #define CYPOOL_VC_VBYTES 32
@@ -35,13 +36,14 @@
 typedef T cypool_vc_v_##SUF __attribute__((vector_size(CYPOOL_VC_VBYTES), aligned(sizeof(T)))); \
 enum { CYPOOL_VC_VL_##SUF = CYPOOL_VC_VBYTES / sizeof(T) };                           \
 static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
-        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias)       \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
 {                                                                                    \
     typedef cypool_vc_v_##SUF V;                                                     \
     const int L = CYPOOL_VC_VL_##SUF;                                                \
     V a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0}; \
     for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
-        const T *xp = xs[t] + e0;                                                    \
+        const T *xp = xs[t] + xoff;                                                  \
         const T *wp = w + t * ldw;                                                   \
         V x0 = *(const V *)xp, x1 = *(const V *)(xp + L);                            \
         a00 += wp[0] * x0; a01 += wp[0] * x1;                                        \
@@ -58,12 +60,13 @@ static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs
                                                                                      \
 /* An OB x (EB / 2) block: one vector per channel, for the end of E. */            \
 static inline void cypool_vc_tile_half_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
-        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias)       \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
 {                                                                                    \
     typedef cypool_vc_v_##SUF V;                                                     \
     V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                        \
     for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
-        V x0 = *(const V *)(xs[t] + e0);                                             \
+        V x0 = *(const V *)(xs[t] + xoff);                                           \
         const T *wp = w + t * ldw;                                                   \
         a0 += wp[0] * x0; a1 += wp[1] * x0; a2 += wp[2] * x0; a3 += wp[3] * x0;      \
     }                                                                                \
@@ -101,14 +104,16 @@ static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const 
 /* Other compilers (MSVC): the same tiles as plain loops. */
 #define CYPOOL_VC_FULL(T, SUF, EB)                                                   \
 static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
-        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias)       \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
 {                                                                                    \
-    cypool_vc_tile_edge_##SUF(ntaps, xs, w, ldw, e0, EB, CYPOOL_VC_OB, outs, bias);  \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
 static inline void cypool_vc_tile_half_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
-        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias)       \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
 {                                                                                    \
-    cypool_vc_tile_edge_##SUF(ntaps, xs, w, ldw, e0, EB / 2, CYPOOL_VC_OB, outs, bias); \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 2, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
 static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const *xs, \
         const ptrdiff_t *tap, ptrdiff_t E, T *gw, ptrdiff_t ldgw)                    \
@@ -120,7 +125,7 @@ static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const 
 #define CYPOOL_VC_DEFINE(T, SUF, EB)                                                  \
 /* Any block up to no x ne (edges of O and E). */                                    \
 static inline void cypool_vc_tile_edge_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
-        const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne, int no,               \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne, int no, \
         T *const *outs, const T *bias)                                               \
 {                                                                                    \
     T acc[CYPOOL_VC_OB][EB];                                                         \
@@ -128,7 +133,7 @@ static inline void cypool_vc_tile_edge_##SUF(ptrdiff_t ntaps, const T *const *xs
         for (ptrdiff_t e = 0; e < ne; e++)                                           \
             acc[o][e] = 0;                                                           \
     for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
-        const T *xp = xs[t] + e0;                                                    \
+        const T *xp = xs[t] + xoff;                                                  \
         const T *wp = w + t * ldw;                                                   \
         for (int o = 0; o < no; o++) {                                               \
             T wv = wp[o];                                                            \
@@ -156,38 +161,51 @@ static inline void cypool_vc_dots_edge_##SUF(int no, const T *const *gs, int nt,
 }                                                                                    \
 CYPOOL_VC_FULL(T, SUF, EB)                                                           \
                                                                                      \
-/* outs[o][e_lo:E] = (bias[o] at component 0) + sum_t w[t*ldw + o] * xs[t][e_lo:E] \
- * for every o < O; bias may be NULL. E blocks outside, O blocks inside, so a   \
- * block of the taps' vectors stays in L1 while every output channel uses it. */ \
+/* One block of E, [e0, e0 + ne), for every output channel. */                    \
 static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,       \
         const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne, ptrdiff_t O,          \
-        T *const *outs, const T *bias)                                               \
+        T *const *outs, const T *bias, T *pack, const T *const *pp)                   \
 {                                                                                    \
+    ptrdiff_t xoff = e0;                                                             \
+    if (pack && O > CYPOOL_VC_OB) {                                                  \
+        /* Copy this block of every tap into contiguous rows: tap vectors E      \
+         * apart in memory alias in L1 when E is a power of two. */              \
+        for (ptrdiff_t t = 0; t < ntaps; t++)                                        \
+            memcpy(pack + t * EB, xs[t] + e0, ne * sizeof(T));                       \
+        xs = pp;                                                                     \
+        xoff = 0;                                                                    \
+    }                                                                                \
     for (ptrdiff_t o0 = 0; o0 < O; o0 += CYPOOL_VC_OB) {                             \
         int no = O - o0 < CYPOOL_VC_OB ? (int)(O - o0) : CYPOOL_VC_OB;               \
         const T *b = (bias && e0 == 0) ? bias + o0 : NULL;                           \
         if (no == CYPOOL_VC_OB && ne == EB)                                          \
-            cypool_vc_tile_full_##SUF(ntaps, xs, w + o0, ldw, e0, outs + o0, b);     \
+            cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
         else if (no == CYPOOL_VC_OB && ne == EB / 2)                                 \
-            cypool_vc_tile_half_##SUF(ntaps, xs, w + o0, ldw, e0, outs + o0, b);     \
+            cypool_vc_tile_half_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
         else                                                                         \
-            cypool_vc_tile_edge_##SUF(ntaps, xs, w + o0, ldw, e0, ne, no, outs + o0, b); \
+            cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, no,      \
+                                      outs + o0, b);                                 \
     }                                                                                \
 }                                                                                    \
                                                                                      \
+/* outs[o][e_lo:E] = (bias[o] at component 0) + sum_t w[t*ldw + o] * xs[t][e_lo:E] \
+ * for every o < O; bias may be NULL. E blocks outside, O blocks inside, so a   \
+ * block of the taps' vectors stays in L1 while every output channel uses it.   \
+ * pack (ntaps * EB values) and pp (pp[t] = pack + t * EB) are per-thread        \
+ * buffers for that block, or NULL. */                                          \
 static inline void cypool_vc_pixel_##SUF(ptrdiff_t ntaps, const T *const *xs,        \
         const T *w, ptrdiff_t ldw, ptrdiff_t e_lo, ptrdiff_t E, ptrdiff_t O,         \
-        T *const *outs, const T *bias)                                               \
+        T *const *outs, const T *bias, T *pack, const T *const *pp)                   \
 {                                                                                    \
     ptrdiff_t e0 = e_lo;                                                             \
     for (; e0 + EB <= E; e0 += EB)                                                   \
-        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB, O, outs, bias);            \
+        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB, O, outs, bias, pack, pp);  \
     if (e0 + EB / 2 <= E) {                                                          \
-        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB / 2, O, outs, bias);        \
+        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB / 2, O, outs, bias, pack, pp); \
         e0 += EB / 2;                                                                \
     }                                                                                \
     if (e0 < E)                                                                      \
-        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, E - e0, O, outs, bias);        \
+        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, E - e0, O, outs, bias, pack, pp); \
 }                                                                                    \
                                                                                      \
 /* Dot-product blocks of the weight gradient: full ones vectorised. */         \
