@@ -10,8 +10,9 @@ import sys
 
 import bench_argmax
 import bench_maxpool
+import bench_vector_conv
 
-BENCHES = [bench_maxpool, bench_argmax]
+BENCHES = [bench_maxpool, bench_argmax, bench_vector_conv]
 
 
 def main(argv=None):
