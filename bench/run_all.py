@@ -5,22 +5,28 @@ Run: python bench/run_all.py [--threads N] [--repeats R] [--quick]
 
 Each bench mirrors one part of the public API and prints markdown tables of
 medians and ratios, measured interleaved in one run on one thread count.
+Each runs in a process of its own: on a 2-core machine the thread pools a
+previous bench's peers left behind (OpenBLAS, torch's and Numba's OpenMP)
+would otherwise distort the next bench.
 """
+import os
+import subprocess
 import sys
 
-import bench_argmax
-import bench_maxpool
-import bench_vector_conv
-
-BENCHES = [bench_maxpool, bench_argmax, bench_vector_conv]
+BENCHES = ["bench_maxpool.py", "bench_argmax.py", "bench_vector_conv.py"]
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    for mod in BENCHES:
-        print(f"\n## {mod.__name__}\n")
-        sys.stdout.flush()
-        mod.main(argv)
+    here = os.path.dirname(os.path.abspath(__file__))
+    failed = []
+    for name in BENCHES:
+        print(f"\n## {name[:-3]}\n", flush=True)
+        res = subprocess.run([sys.executable, os.path.join(here, name), *argv])
+        if res.returncode:
+            failed.append(name)
+    if failed:
+        raise SystemExit(f"benches failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
