@@ -132,3 +132,14 @@ def machine_line(threads: int) -> str:
 
     return (f"cypool {cypool.__version__} ({ISA} kernels), numpy {np.__version__}{tv}; "
             f"{threads} thread(s) for every peer; {os.cpu_count()} CPUs visible")
+
+
+def start(doc: str, argv, quick_repeats: int):
+    """Parse the common options, give every peer the thread count and print
+    the run's header. Returns (args, threads, repeats)."""
+    args = arg_parser(doc.splitlines()[0]).parse_args(argv)
+    n = args.threads or default_threads()
+    set_threads(n)
+    print(machine_line(n))
+    print(peers_report())
+    return args, n, (quick_repeats if args.quick else args.repeats)

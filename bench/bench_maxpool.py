@@ -13,7 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import cypool
-from _harness import arg_parser, compare, machine_line, peers_report, set_threads, table, torch, default_threads
+from _harness import compare, start, table, torch
 
 SHAPES = [  # (input shape, kernel, stride, padding)
     ((32, 64, 56, 56), 2, 2, 0),
@@ -49,12 +49,7 @@ def numpy_backward(g, idx, shape):
 
 
 def main(argv=None):
-    args = arg_parser(__doc__.splitlines()[0]).parse_args(argv)
-    n = args.threads or default_threads()
-    set_threads(n)
-    reps = 5 if args.quick else args.repeats
-    print(machine_line(n))
-    print(peers_report())
+    args, n, reps = start(__doc__, argv, quick_repeats=5)
     rng = np.random.default_rng(0)
     fwd_rows, bwd_rows, floor_rows = [], [], []
     for shape, k, s, p in (QUICK_SHAPES if args.quick else SHAPES):

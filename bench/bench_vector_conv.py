@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import cypool
-from _harness import arg_parser, compare, default_threads, machine_line, peers_report, set_threads, table, torch
+from _harness import compare, start, table, torch
 
 SHAPES = [  # name, (C, H, W, E), O, k, s, p
     ("MNIST ConvSmall 1", (1, 28, 28, 785), 16, 4, 2, 0),
@@ -66,12 +66,7 @@ def peak_extra(fn, out_bytes):
 
 
 def main(argv=None):
-    args = arg_parser(__doc__.splitlines()[0]).parse_args(argv)
-    n = args.threads or default_threads()
-    set_threads(n)
-    reps = 3 if args.quick else args.repeats
-    print(machine_line(n))
-    print(peers_report())
+    args, n, reps = start(__doc__, argv, quick_repeats=3)
     rng = np.random.default_rng(0)
     fwd_rows, bwd_rows, mem_lines = [], [], []
     for name, (C, H, W, E), O, k, s, p in (QUICK if args.quick else SHAPES):

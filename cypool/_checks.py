@@ -124,17 +124,27 @@ def index_array(indices, name: str = "indices") -> np.ndarray:
     raise TypeError(f"{name} must be an integer array (int32 or int64), got {indices.dtype}")
 
 
+def step_params(stride, padding, dilation):
+    """Checked (sh, sw, ph, pw, dh, dw): positive strides and dilations,
+    non-negative padding."""
+    sh, sw = pair(stride, "stride")
+    ph, pw = pair(padding, "padding")
+    dh, dw = pair(dilation, "dilation")
+    if sh < 1 or sw < 1:
+        raise ValueError(f"stride must be positive, got {(sh, sw)}")
+    if dh < 1 or dw < 1:
+        raise ValueError(f"dilation must be positive, got {(dh, dw)}")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    return sh, sw, ph, pw, dh, dw
+
+
 def window_params(kernel_size, stride, padding):
     """Checked (kh, kw, sh, sw, ph, pw); stride defaults to kernel_size."""
     kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = (kh, kw) if stride is None else pair(stride, "stride")
-    ph, pw = pair(padding, "padding")
     if kh < 1 or kw < 1:
         raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
-    if sh < 1 or sw < 1:
-        raise ValueError(f"stride must be positive, got {(sh, sw)}")
-    if ph < 0 or pw < 0:
-        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    sh, sw, ph, pw, _, _ = step_params((kh, kw) if stride is None else stride, padding, 1)
     return kh, kw, sh, sw, ph, pw
 
 

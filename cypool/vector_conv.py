@@ -54,15 +54,7 @@ def _conv_args(x, weight, stride, padding, dilation, xname="x"):
     O, Cw, kh, kw = weight.shape
     if Cw != C:
         raise ValueError(f"weight has {Cw} input channels but {xname} has {C} (weight shape {weight.shape})")
-    sh, sw = chk.pair(stride, "stride")
-    ph, pw = chk.pair(padding, "padding")
-    dh, dw = chk.pair(dilation, "dilation")
-    if sh < 1 or sw < 1:
-        raise ValueError(f"stride must be positive, got {(sh, sw)}")
-    if dh < 1 or dw < 1:
-        raise ValueError(f"dilation must be positive, got {(dh, dw)}")
-    if ph < 0 or pw < 0:
-        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    sh, sw, ph, pw, dh, dw = chk.step_params(stride, padding, dilation)
     OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if H + 2 * ph < dh * (kh - 1) + 1 or W + 2 * pw < dw * (kw - 1) + 1:
