@@ -80,23 +80,6 @@ def openmp_info():
     return bool(CYPOOL_HAVE_OPENMP), int(CYPOOL_OPENMP_VERSION), omp_get_max_threads()
 
 
-def threads_used(int num_threads):
-    """How many threads a parallel region asked for num_threads really gets.
-
-    num_threads <= 0 means the OpenMP default (OMP_NUM_THREADS, or a
-    threadpoolctl limit). Used by the tests to check what kernels really run on.
-    """
-    cdef int[1] seen
-    cdef int* out = &seen[0]
-    seen[0] = 1
-    if num_threads <= 0:
-        num_threads = omp_get_max_threads()
-    with nogil, parallel(num_threads=num_threads):
-        if omp_get_thread_num() == 0:
-            out[0] = omp_get_num_threads()
-    return seen[0]
-
-
 def max_threads():
     """omp_get_max_threads(): OpenMP's default team size for this thread."""
     return omp_get_max_threads()
