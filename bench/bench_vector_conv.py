@@ -91,7 +91,7 @@ def main(argv=None):
 
             bwd["torch autograd"] = torch_backward
         case = f"{name} {(C, H, W, E)} O={O} k{k} s{s} p{p}"
-        # numpy's matrix product leaves OpenBLAS threads spinning: let them park.
+        # numpy's matrix product leaves OpenBLAS threads spinning for ~0.1 s.
         fwd_rows.append((case, compare(fwd, reps, pause=0.15)))
         bwd_rows.append((case, compare(bwd, max(3, reps // 2), pause=0.15)))
         cy_mem = peak_extra(lambda: cypool.vector_conv2d(x, w, b, s, p, num_threads=n), out.nbytes)
