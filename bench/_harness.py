@@ -66,25 +66,30 @@ def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
     10x a small convolution, for whichever peer comes second. A repeat that
     is very short times several calls and divides.
 
-    pause: seconds to sleep before each peer's untimed call, so that the
+    pause: seconds to sleep before each untimed call of a peer whose call
+    takes a millisecond or more, so that the
     previous peer's thread pool has stopped spinning. On a 2-core machine a
     pool that busy-waits after its call (torch's and Numba's OpenMP, and
     OpenBLAS for about 0.1 s after a matrix product) takes a core from the
     next peer: measured here, the [32, 245, 64, 64] argmax took 6.4 ms right
     after torch.amax and 3.4 ms with a 20 ms pause (or OMP_WAIT_POLICY=PASSIVE).
     """
-    inner = {}
+    inner, wait = {}, {}
     for name, fn in fns.items():
         t = time.perf_counter()
         fn()
         el = time.perf_counter() - t
         inner[name] = max(1, int(2e-3 / max(el, 1e-7))) if el < 2e-3 else 1
+        # Only before calls of a millisecond or more: after an idle pause this
+        # virtual machine wakes sleeping worker threads slowly, which would
+        # dominate a call of a few microseconds (and every threaded peer's).
+        wait[name] = pause if el >= 1e-3 else 0.0
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             n = inner[name]
-            if pause:
-                time.sleep(pause)
+            if wait[name]:
+                time.sleep(wait[name])
             fn()
             t = time.perf_counter()
             for _ in range(n):
