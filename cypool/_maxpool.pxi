@@ -19,6 +19,15 @@
 #     origin, turned into the int64 (or int32) flat index at the end of the row.
 # Planes of 2**31 elements or more take the scalar window loop instead.
 
+# The flat 3x3 path is for short rows: measured here (AVX2, [16, C, W, W]),
+# it takes half the time of the row path at W = 14 to 32, the same at 40,
+# and up to 1.3x longer from 48 on, where the row loop vectorises well and
+# the whole-plane buffers no longer fit in L1. (H + 2) * W is capped so its
+# two buffers stay in L2.
+DEF _FLAT3_MAX_W = 39
+DEF _FLAT3_MAX = 16384
+
+
 cdef struct PoolGeom:
     Py_ssize_t H, W, OH, OW
     Py_ssize_t kh, kw, sh, sw, ph, pw, dh, dw
@@ -26,6 +35,7 @@ cdef struct PoolGeom:
     Py_ssize_t R           # ring slots: input rows one output row spans
     bint direct_cols       # rows need no column padding: read the plane itself
     bint separable3        # 3x3, no dilation, stride 1 or 2 along rows
+    bint flat3             # 3x3, stride 1, padding 1, no dilation, small plane
 
 
 cdef inline Py_ssize_t _ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -151,6 +161,7 @@ cdef struct Workspace:
     void** rows            # kh row pointers for the current output row
     int32_t* code          # per-column window codes (generic path)
     void* hval             # separable 3x3: 4 slots of OW horizontal maxima
+                           # (flat 3x3: H + 2 rows of W, padding rows first and last)
     int32_t* hcode         # ... and their column codes
     Py_ssize_t htag[4]     # input row held by each slot (-1: none, -2: padding row)
 
@@ -166,12 +177,13 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     One allocation rather than five: at batch size 1 the allocator is a
     visible share of a call."""
     cdef Py_ssize_t q
-    cdef size_t n_ring = 0 if g.direct_cols else g.R * g.Wp
-    cdef size_t n_tag = 0 if g.direct_cols else g.R
+    cdef bint ring = not (g.direct_cols or g.flat3)
+    cdef size_t n_ring = g.R * g.Wp if ring else 0
+    cdef size_t n_tag = g.R if ring else 0
     cdef size_t off_rows = _round_up(sizeof(Workspace))
     cdef size_t off_tag = off_rows + _round_up(g.kh * sizeof(void*))
     cdef size_t off_ring = off_tag + _round_up(n_tag * sizeof(Py_ssize_t))
-    cdef size_t n_h = 4 * g.OW if g.separable3 else 0
+    cdef size_t n_h = (g.H + 2) * g.W if g.flat3 else (4 * g.OW if g.separable3 else 0)
     cdef size_t off_hval = off_ring + _round_up(n_ring * itemsize)
     cdef size_t off_hcode = off_hval + _round_up(n_h * itemsize)
     cdef size_t off_code = off_hcode + _round_up(n_h * sizeof(int32_t))
@@ -189,6 +201,11 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
         ws.htag[q] = -1
     for q in range(<Py_ssize_t>n_ring):
         (<value_t*>ws.ring)[q] = low
+    if g.flat3:
+        # The bottom padding row never takes over: its codes are never used.
+        for q in range((g.H + 1) * g.W, (g.H + 2) * g.W):
+            (<value_t*>ws.hval)[q] = low
+            ws.hcode[q] = 0
     return ws
 
 
@@ -294,6 +311,97 @@ cdef inline void _row_k3_separable(const value_t* xp, const value_t* low_row, Wo
                <int32_t>g.W, h0 * g.W - g.pw, low, 2)
 
 
+# Flat 3x3, stride 1, padding 1 ("same" pooling) on small planes. Output
+# plane and input plane have the same shape, so both passes run over the
+# whole plane as one flat vectorised loop, with no per-row loop to pay for on
+# short rows (28 wide: 3 AVX2 iterations and a tail per row otherwise):
+#   * horizontal: taps p - 1, p, p + 1 of the flat plane; lmask/rmask say
+#     whether the left/right taps are in the same row (else padding);
+#   * vertical: over a buffer of H + 2 rows whose first and last rows are
+#     padding, taps p, p + W, p + 2W.
+
+cdef inline void _flat3_h_at(const value_t* x, Py_ssize_t p, Py_ssize_t W,
+                             value_t* hv, int32_t* hc, value_t low) noexcept nogil:
+    """Horizontal scan at flat position p, with bounds tests (plane ends)."""
+    cdef Py_ssize_t w = p % W
+    cdef value_t m = x[p - 1] if w > 0 else low
+    cdef int32_t k = 0 if w > 0 else 1
+    cdef bint ok = m == m
+    m = _pick(x[p], m, 1, &k, &ok)
+    hv[p] = _pick(x[p + 1] if w < W - 1 else low, m, 2, &k, &ok)
+    hc[p] = k
+
+
+cdef inline void _flat3_h(const value_t* x, const int32_t* lmask, const int32_t* rmask,
+                          value_t* hv, int32_t* hc, Py_ssize_t lo, Py_ssize_t hi,
+                          value_t low) noexcept nogil:
+    """Horizontal scan at flat positions [lo, hi), 0 < lo, hi < H*W: the
+    first maximum of the three taps, starting from the left tap (or from low
+    with the code of the centre tap, in the left padding)."""
+    cdef Py_ssize_t p
+    cdef value_t a, m
+    cdef int32_t k
+    cdef bint ok, left
+    for p in range(lo, hi):
+        a = x[p - 1]             # unconditional loads, then selects: vectorises
+        left = lmask[p] != 0
+        m = a if left else low
+        k = 1 - lmask[p]
+        ok = (a == a) | (not left)  # not m == m: gcc 12 won't vectorise that
+        m = _pick(x[p], m, 1, &k, &ok)
+        a = x[p + 1]
+        hv[p] = _pick(a if rmask[p] != 0 else low, m, 2, &k, &ok)
+        hc[p] = k
+
+
+cdef inline void _flat3_v(const value_t* hvb, const int32_t* hcb, value_t* op,
+                          index_t* ip, Py_ssize_t n, Py_ssize_t W) noexcept nogil:
+    """Vertical scan: rows r - 1, r, r + 1 of the horizontal results are rows
+    r, r + 1, r + 2 of the padded buffer; index = origin + code, with the
+    window origin (r - 1, c - 1) at flat offset p - W - 1."""
+    cdef Py_ssize_t p
+    cdef value_t m
+    cdef int32_t k, W32 = <int32_t>W, origin
+    cdef bint ok
+    if ip != NULL:
+        for p in range(n):
+            m = hvb[p]
+            k = hcb[p]
+            ok = m == m
+            m = _pick(hvb[p + W], m, W32 + hcb[p + W], &k, &ok)
+            op[p] = _pick(hvb[p + 2 * W], m, 2 * W32 + hcb[p + 2 * W], &k, &ok)
+            ip[p] = <index_t>(<int32_t>p - W32 - 1 + k)
+    else:
+        for p in range(n):
+            m = hvb[p]
+            k = hcb[p]
+            ok = m == m
+            m = _pick(hvb[p + W], m, W32 + hcb[p + W], &k, &ok)
+            op[p] = _pick(hvb[p + 2 * W], m, 2 * W32 + hcb[p + 2 * W], &k, &ok)
+
+
+cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
+                                   const int32_t* lmask, Workspace* ws,
+                                   const PoolGeom* g) noexcept nogil:
+    """Max-pool one small plane with a 3x3 window, stride 1, padding 1."""
+    cdef Py_ssize_t W = g.W, HW = g.H * g.W, w
+    cdef value_t low = _lowest(<value_t*>NULL)
+    cdef value_t* hvb = <value_t*>ws.hval
+    cdef int32_t* hcb = ws.hcode
+    cdef value_t* hv = hvb + W
+    cdef int32_t* hc = hcb + W
+    _flat3_h_at(xp, 0, W, hv, hc, low)
+    if HW > 1:
+        _flat3_h(xp, lmask, lmask + HW, hv, hc, 1, HW - 1, low)
+        _flat3_h_at(xp, HW - 1, W, hv, hc, low)
+    # Top padding row: never takes over, and keeps the code the first valid
+    # row would give, so an all-lowest window still points at a valid tap.
+    for w in range(W):
+        hvb[w] = low
+        hcb[w] = <int32_t>W + hc[w]
+    _flat3_v(hvb, hcb, op, ip, HW, W)
+
+
 cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
                       const value_t* low_row, const int32_t* kcol,
                       Workspace* ws, const PoolGeom* g, bint scalar_only) noexcept nogil:
@@ -335,6 +443,16 @@ cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
                          g, h0 * W - g.pw, low, i_lo, i_hi)
 
 
+cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
+                           const value_t* low_row, const int32_t* kcol, const int32_t* lmask,
+                           Workspace* ws, const PoolGeom* g, bint scalar_only) noexcept nogil:
+    """Pool one plane into op/ip (ip may be NULL) on the path its geometry takes."""
+    if g.flat3:
+        _pool_plane_flat3(xp, op, ip, lmask, ws, g)
+    else:
+        _pool_plane(xp, op, ip, low_row, kcol, ws, g, scalar_only)
+
+
 def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                        value_t[:, :, ::1] out,         # OUT (P, OH, OW)
                        index_t[:, :, ::1] indices,     # OUT (P, OH, OW), ignored unless with_indices
@@ -347,6 +465,8 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     cdef value_t low = _lowest(<value_t*>NULL)
     cdef value_t* low_row = NULL
     cdef int32_t* kcol = NULL
+    cdef int32_t* lmask = NULL
+    cdef Py_ssize_t n_mask
     cdef Workspace* ws
     cdef int[1] failed
     cdef int* fail = &failed[0]
@@ -360,16 +480,26 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     g.R = (kh - 1) * dh + 1
     g.separable3 = kh == 3 and kw == 3 and dh == 1 and dw == 1 and (sw == 1 or sw == 2)
     g.direct_cols = pw == 0 and (g.OW - 1) * sw + (kw - 1) * dw + 1 <= g.W
+    g.flat3 = (g.separable3 and sh == 1 and sw == 1 and ph == 1 and pw == 1
+               and not scalar_only and g.W <= _FLAT3_MAX_W
+               and (g.H + 2) * g.W <= _FLAT3_MAX)
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
     # Read-only, shared by all threads: a row of lowest values and the code
     # of each column's first valid tap (nonzero only where it starts in the
-    # left padding).
+    # left padding); for the flat 3x3 path, whether each position of a plane
+    # has a left and a right neighbour in its row.
     n_low = max(g.Wp, g.W)
-    low_row = <value_t*>malloc(n_low * sizeof(value_t) + g.OW * sizeof(int32_t))
+    n_mask = 2 * g.H * g.W if g.flat3 else 0
+    low_row = <value_t*>malloc(n_low * sizeof(value_t)
+                               + (g.OW + n_mask) * sizeof(int32_t))
     if low_row == NULL:
         raise MemoryError("cypool.max_pool2d: out of memory")
     kcol = <int32_t*>(low_row + n_low)
+    lmask = kcol + g.OW
+    for p in range(n_mask // 2):
+        lmask[p] = p % g.W != 0
+        lmask[n_mask // 2 + p] = p % g.W != g.W - 1
     for ow in range(n_low):
         low_row[ow] = low
     for ow in range(g.OW):
@@ -384,9 +514,9 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                 fail[0] = 1
             else:
                 for p in range(P):
-                    _pool_plane(&x[p, 0, 0], &out[p, 0, 0],
-                                &indices[p, 0, 0] if with_indices else NULL,
-                                low_row, kcol, ws, &g, scalar_only)
+                    _pool_one(&x[p, 0, 0], &out[p, 0, 0],
+                              &indices[p, 0, 0] if with_indices else NULL,
+                              low_row, kcol, lmask, ws, &g, scalar_only)
                 _workspace_free(ws)
     else:
         with nogil, parallel(num_threads=num_threads):
@@ -396,28 +526,46 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
             else:
                 for p in prange(P, schedule="static"):
                     _note_team()
-                    _pool_plane(&x[p, 0, 0], &out[p, 0, 0],
-                                &indices[p, 0, 0] if with_indices else NULL,
-                                low_row, kcol, ws, &g, scalar_only)
+                    _pool_one(&x[p, 0, 0], &out[p, 0, 0],
+                              &indices[p, 0, 0] if with_indices else NULL,
+                              low_row, kcol, lmask, ws, &g, scalar_only)
                 _workspace_free(ws)
     free(low_row)
     if failed[0]:
         raise MemoryError("cypool.max_pool2d: out of memory for per-thread buffers")
 
 
+cdef inline Py_ssize_t _out_of_range(const index_t* ix, Py_ssize_t n,
+                                     Py_ssize_t hw) noexcept nogil:
+    """How many of ix[:n] lie outside [0, hw) (one unsigned compare each: a
+    negative index wraps to a huge one); vectorised."""
+    cdef Py_ssize_t q, bad = 0
+    for q in range(n):
+        bad += <size_t>ix[q] >= <size_t>hw
+    return bad
+
+
 cdef inline Py_ssize_t _scatter_add(value_t* gi, Py_ssize_t hw, const value_t* go,
                                     const index_t* ix, Py_ssize_t n) noexcept nogil:
-    """gi[:hw] = 0, then gi[ix[q]] += go[q]; returns how many ix were out of range."""
-    cdef Py_ssize_t q, bad = 0
-    cdef index_t at
+    """gi[:hw] = 0, then gi[ix[q]] += go[q]; returns how many ix were out of
+    range, and then writes nothing more (the caller raises and discards gi).
+
+    The bounds are checked in one vectorised pass first, so the scatter loop
+    itself is unchecked: a load, an add and a store per entry."""
+    cdef Py_ssize_t q, bad = _out_of_range(ix, n, hw)
     memset(gi, 0, hw * sizeof(value_t))
-    for q in range(n):
-        at = ix[q]
-        if at >= 0 and at < hw:
-            gi[at] = gi[at] + go[q]
-        else:
-            bad += 1
-    return bad
+    if bad:
+        return bad
+    # Unrolled by four, in order (entries may share an index): a quarter of
+    # the loop overhead of the plain loop, which gcc does not unroll.
+    for q in range(0, n - 3, 4):
+        gi[ix[q]] += go[q]
+        gi[ix[q + 1]] += go[q + 1]
+        gi[ix[q + 2]] += go[q + 2]
+        gi[ix[q + 3]] += go[q + 3]
+    for q in range(n - n % 4, n):
+        gi[ix[q]] += go[q]
+    return 0
 
 
 def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
@@ -426,9 +574,12 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
                         int num_threads):
     """Scatter-add grad_output into zeroed planes at indices.
 
-    Returns the number of indices outside [0, H*W); those are skipped, never
-    written, and the caller raises. Each plane is zeroed just before its
-    scatter, so it is still in L1 when the scatter writes it.
+    Returns the number of indices outside [0, H*W); the planes holding them
+    are left zero, and the caller raises. Each plane is zeroed just before
+    its scatter, so it is still in L1 when the scatter writes it.
+
+    (Streaming stores for large outputs were tried: 10-15% slower here, as
+    repeated calls find much of the output still in the 32 MiB L3.)
     """
     cdef Py_ssize_t P = grad_output.shape[0], n = grad_output.shape[1]
     cdef Py_ssize_t hw = grad_input.shape[1], p
@@ -443,33 +594,31 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
     return bad
 
 
+cdef inline Py_ssize_t _scatter_set(value_t* o, Py_ssize_t hw, const value_t* xv,
+                                    const index_t* ix, Py_ssize_t n) noexcept nogil:
+    """o[:hw] = 0, then o[ix[q]] = xv[q] in order; returns how many ix were
+    out of range, and then writes nothing more (as _scatter_add)."""
+    cdef Py_ssize_t q, bad = _out_of_range(ix, n, hw)
+    memset(o, 0, hw * sizeof(value_t))
+    if bad:
+        return bad
+    for q in range(n):
+        o[ix[q]] = xv[q]
+    return 0
+
+
 def max_unpool2d(const value_t[:, ::1] x,            # IN  (P, H*W)
                  const index_t[:, ::1] indices,      # IN  (P, H*W)
                  value_t[:, ::1] out,                # OUT (P, OH*OW), fully written
                  int num_threads):
     """Write x into zeroed planes at indices; a repeated index keeps the last
-    value in row-major order. Returns the number of out-of-range indices,
-    which are skipped."""
+    value in row-major order. Returns the number of out-of-range indices;
+    the planes holding them are left zero, and the caller raises."""
     cdef Py_ssize_t P = x.shape[0], n = x.shape[1]
-    cdef Py_ssize_t hw = out.shape[1], p, q
+    cdef Py_ssize_t hw = out.shape[1], p
     cdef Py_ssize_t bad = 0
-    cdef index_t at
-    cdef value_t* o
-    cdef const value_t* xv
-    cdef const index_t* ix
     for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
-        o = &out[p, 0]
-        memset(o, 0, hw * sizeof(value_t))
-        if n == 0:
-            continue
-        xv = &x[p, 0]
-        ix = &indices[p, 0]
-        for q in range(n):
-            at = ix[q]
-            if at >= 0 and at < hw:
-                o[at] = xv[q]
-            else:
-                bad += 1
+        bad += _scatter_set(&out[p, 0], hw, &x[p, 0], &indices[p, 0], n)
     return bad
 
 

@@ -75,6 +75,29 @@ def test_specialised_paths(rng, case, dtype):
             assert_same(idx, ridx)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 2, 1, 7), (2, 1, 7, 1), (2, 3, 28, 28),
+                                   (1, 2, 5, 39), (1, 2, 5, 40), (1, 1, 500, 30)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_3x3_stride1_pad1_flat_path(rng, shape, dtype):
+    """3x3/s1/p1 ("same") pooling runs over small planes as one flat loop
+    with row-edge masks; rows of 40 and more, and (1, 1, 500, 30) (above
+    its size limit), take the row path. Edges, ties, specials and
+    all-lowest planes on both."""
+    for kind in ["plain", "ties", "specials", "lowest"]:
+        x = ref.random_values(rng, shape, dtype, ties=kind == "ties",
+                              specials=kind == "specials" and np.dtype(dtype).kind == "f")
+        if kind == "lowest":
+            low = -np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
+            x[..., : shape[-2] // 2 + 1, :] = low
+        rout, ridx = ref.max_pool2d(x, 3, 1, 1, 1, False)
+        out, idx = cypool.max_pool2d(x, 3, 1, 1, return_indices=True)
+        assert_same(out, rout)
+        assert_same(idx, ridx)
+        assert_same(cypool.max_pool2d(x, 3, 1, 1), rout)
+        _, idx32 = cypool.max_pool2d(x, 3, 1, 1, return_indices=True, index_dtype=np.int32)
+        assert_same(idx32, ridx.astype(np.int32))
+
+
 def test_constant_and_all_minus_inf_planes_index_first_valid_tap():
     for fill in [0.0, -np.inf, np.inf, np.nan]:
         x = np.full((1, 2, 5, 6), fill, dtype=np.float32)
