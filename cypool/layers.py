@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _checks as chk
 from .argmax import argmax2d
-from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
+from .pooling import _backward_of_forward, max_pool2d, max_pool2d_backward, max_unpool2d
 from .vector_conv import vector_conv2d, vector_conv2d_backward
 from ._backend import kernel, threads_for
 
@@ -91,7 +91,7 @@ class MaxPool2d(Layer):
     def backward(self, grad_output):
         """Gradient with respect to the last forward's input."""
         idx, shape = self._saved()
-        return max_pool2d_backward(grad_output, idx, shape, num_threads=self.num_threads)
+        return _backward_of_forward(grad_output, idx, shape, self.num_threads)
 
     def __repr__(self):
         return (f"MaxPool2d(kernel_size={self.kernel_size}, stride={self.stride}, "

@@ -108,7 +108,11 @@ def _place(name, values, kd, indices, out_shape, num_threads, bound):
     P = src.shape[0]
     out = np.empty((P, out_shape[-2] * out_shape[-1]), dtype=kd)
     run = kernel(name, kd, ix.dtype)
-    bad = run(src, ix, out, threads_for(nt, out.size + 2 * src.size, P))
+    threads = threads_for(nt, out.size + 2 * src.size, P)
+    if name == "max_pool2d_backward":
+        bad = run(src, ix, out, values.shape[-1], out_shape[-1], threads)
+    else:
+        bad = run(src, ix, out, threads)
     if bad:
         raise ValueError(f"indices: {bad} entries lie outside {bound} = [0, {out.shape[1]})")
     out = out.reshape(out_shape)
@@ -157,6 +161,16 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
             "max pooling gives at most (H + 1, W + 1)"
         )
     return _place("max_pool2d_backward", grad_output, kd, indices, shape,
+                  num_threads, "[0, H*W)")
+
+
+def _backward_of_forward(grad_output, indices: np.ndarray, input_shape: tuple, num_threads):
+    """max_pool2d_backward for a MaxPool2d layer: indices and input_shape are
+    those its own forward produced and kept (checked then), so only
+    grad_output is checked here. Half the Python work of a batch-of-one step."""
+    grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
+    _check_indices_like(grad_output, indices, "grad_output")
+    return _place("max_pool2d_backward", grad_output, kd, indices, input_shape,
                   num_threads, "[0, H*W)")
 
 

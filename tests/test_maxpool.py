@@ -201,6 +201,54 @@ def test_backward_matches_add_at(rng, trial):
     np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == np.float32 else 1e-12)
 
 
+def _bitwise_same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("shape", [(2, 3, 32, 32), (1, 2, 57, 59), (3, 1, 4, 600), (1, 1, 2, 33)])
+def test_backward_2x2_block_pass(rng, dtype, index_dtype, shape):
+    """Rows of 16 or more 2x2/stride-2 outputs are written block by block
+    instead of scattered: same result bit for bit (-0.0 gradients become
+    +0.0 as in 0 + g; odd trailing rows and columns are zero), with ties,
+    specials and gradients of every sign."""
+    for kind in ["plain", "ties", "specials"]:
+        x = ref.random_values(rng, shape, dtype, ties=kind == "ties", specials=kind == "specials")
+        out, idx = cypool.max_pool2d(x, 2, 2, return_indices=True, index_dtype=index_dtype)
+        g = ref.random_values(rng, out.shape, dtype, specials=True)
+        g.flat[::7] = -0.0
+        for nt in (1, 2):
+            got = cypool.max_pool2d_backward(g, idx, x.shape, num_threads=nt)
+            _bitwise_same(got, ref.max_pool2d_backward(g, idx, x.shape))
+
+
+def test_backward_block_pass_falls_back_per_plane(rng):
+    """Indices outside their own 2x2 block, in plane 0 or a later plane,
+    still get the scatter's answer; an out-of-range one in a later plane
+    still raises."""
+    x = ref.random_values(rng, (2, 8, 64, 64), np.float32)
+    out, idx = cypool.max_pool2d(x, 2, 2, return_indices=True)
+    g = ref.random_values(rng, out.shape, np.float32)
+    for plane in [(0, 0), (1, 5)]:
+        moved = idx.copy()
+        moved[plane][3, 20] = 0  # the plane's (0, 0): another block's position
+        moved[plane][3, 21] = 0  # twice: the gradients must add up there
+        for nt in (1, 2):
+            _bitwise_same(cypool.max_pool2d_backward(g, moved, x.shape, num_threads=nt),
+                          ref.max_pool2d_backward(g, moved, x.shape))
+        moved[plane][5, 5] = 64 * 64
+        with pytest.raises(ValueError, match="indices"):
+            cypool.max_pool2d_backward(g, moved, x.shape, num_threads=2)
+    # Overlapping 3x3/stride-2 pooling gives H = 2 OH too: indices leave
+    # their 2x2 blocks, so plane 0 sends every plane to the scatter.
+    out3, idx3 = cypool.max_pool2d(x, 3, 2, 1, return_indices=True)
+    g3 = ref.random_values(rng, out3.shape, np.float32)
+    np.testing.assert_allclose(cypool.max_pool2d_backward(g3, idx3, x.shape),
+                               ref.max_pool2d_backward(g3, idx3, x.shape), rtol=1e-6)
+
+
 def test_backward_overlapping_windows_accumulate():
     x = np.zeros((1, 1, 3, 3), dtype=np.float64)
     x[0, 0, 1, 1] = 1.0  # the maximum of all four 2x2 stride-1 windows
