@@ -23,19 +23,49 @@
 #else
 #define CYPOOL_VC_VBYTES 16
 #endif
-#define CYPOOL_VC_EB_F32 (2 * CYPOOL_VC_VBYTES / 4)
-#define CYPOOL_VC_EB_F64 (2 * CYPOOL_VC_VBYTES / 8)
+/* E block: three vectors (the full tile); two- and one-vector tiles and a
+ * scalar edge tile finish E. */
+#define CYPOOL_VC_EB_F32 (3 * CYPOOL_VC_VBYTES / 4)
+#define CYPOOL_VC_EB_F64 (3 * CYPOOL_VC_VBYTES / 8)
 #define CYPOOL_VC_OB 4
 #define CYPOOL_VC_TB 2
 
 #if defined(__GNUC__)
-/* The full tiles with GCC/clang vector types: 8 vector accumulators (4
- * output channels x 2 vectors of E), one broadcast weight per channel and
- * tap. Plain C loops left gcc 12 spilling the accumulators to the stack. */
+/* The full tiles with GCC/clang vector types: 12 vector accumulators (4
+ * output channels x 3 vectors of E), one broadcast weight per channel and
+ * tap, so 12 fused multiply-adds per tap for 3 loads and 4 broadcasts (the
+ * 4 x 2 tile issued 8 for 2 and 4: about 10% slower on ConvSmall 2). Plain C
+ * loops left gcc 12 spilling the accumulators to the stack. */
 #define CYPOOL_VC_FULL(T, SUF, EB)                                                   \
 typedef T cypool_vc_v_##SUF __attribute__((vector_size(CYPOOL_VC_VBYTES), aligned(sizeof(T)))); \
 enum { CYPOOL_VC_VL_##SUF = CYPOOL_VC_VBYTES / sizeof(T) };                           \
 static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
+{                                                                                    \
+    typedef cypool_vc_v_##SUF V;                                                     \
+    const int L = CYPOOL_VC_VL_##SUF;                                                \
+    V a00 = {0}, a01 = {0}, a02 = {0}, a10 = {0}, a11 = {0}, a12 = {0};              \
+    V a20 = {0}, a21 = {0}, a22 = {0}, a30 = {0}, a31 = {0}, a32 = {0};              \
+    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
+        const T *xp = xs[t] + xoff;                                                  \
+        const T *wp = w + t * ldw;                                                   \
+        V x0 = *(const V *)xp, x1 = *(const V *)(xp + L), x2 = *(const V *)(xp + 2 * L); \
+        a00 += wp[0] * x0; a01 += wp[0] * x1; a02 += wp[0] * x2;                     \
+        a10 += wp[1] * x0; a11 += wp[1] * x1; a12 += wp[1] * x2;                     \
+        a20 += wp[2] * x0; a21 += wp[2] * x1; a22 += wp[2] * x2;                     \
+        a30 += wp[3] * x0; a31 += wp[3] * x1; a32 += wp[3] * x2;                     \
+    }                                                                                \
+    if (bias) { a00[0] += bias[0]; a10[0] += bias[1]; a20[0] += bias[2]; a30[0] += bias[3]; } \
+    T *o0 = outs[0] + e0, *o1 = outs[1] + e0, *o2 = outs[2] + e0, *o3 = outs[3] + e0;   \
+    *(V *)o0 = a00; *(V *)(o0 + L) = a01; *(V *)(o0 + 2 * L) = a02;                  \
+    *(V *)o1 = a10; *(V *)(o1 + L) = a11; *(V *)(o1 + 2 * L) = a12;                  \
+    *(V *)o2 = a20; *(V *)(o2 + L) = a21; *(V *)(o2 + 2 * L) = a22;                  \
+    *(V *)o3 = a30; *(V *)(o3 + L) = a31; *(V *)(o3 + 2 * L) = a32;                  \
+}                                                                                    \
+                                                                                     \
+/* An OB x (2 vectors) block, for the end of E. */                                  \
+static inline void cypool_vc_tile_two_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
         const T *bias)                                                               \
 {                                                                                    \
@@ -58,8 +88,8 @@ static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs
     *(V *)(outs[3] + e0) = a30; *(V *)(outs[3] + e0 + L) = a31;                      \
 }                                                                                    \
                                                                                      \
-/* An OB x (EB / 2) block: one vector per channel, for the end of E. */            \
-static inline void cypool_vc_tile_half_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
+/* An OB x (1 vector) block, for the end of E. */            \
+static inline void cypool_vc_tile_one_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
         const T *bias)                                                               \
 {                                                                                    \
@@ -109,11 +139,17 @@ static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs
 {                                                                                    \
     cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
-static inline void cypool_vc_tile_half_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
+static inline void cypool_vc_tile_two_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
         const T *bias)                                                               \
 {                                                                                    \
-    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 2, CYPOOL_VC_OB, outs, bias); \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, 2 * EB / 3, CYPOOL_VC_OB, outs, bias); \
+}                                                                                    \
+static inline void cypool_vc_tile_one_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
+{                                                                                    \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 3, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
 static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const *xs, \
         const ptrdiff_t *tap, ptrdiff_t E, T *gw, ptrdiff_t ldgw)                    \
@@ -180,8 +216,10 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
         const T *b = (bias && e0 == 0) ? bias + o0 : NULL;                           \
         if (no == CYPOOL_VC_OB && ne == EB)                                          \
             cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
-        else if (no == CYPOOL_VC_OB && ne == EB / 2)                                 \
-            cypool_vc_tile_half_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
+        else if (no == CYPOOL_VC_OB && ne == 2 * EB / 3)                             \
+            cypool_vc_tile_two_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
+        else if (no == CYPOOL_VC_OB && ne == EB / 3)                                 \
+            cypool_vc_tile_one_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
         else                                                                         \
             cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, no,      \
                                       outs + o0, b);                                 \
@@ -200,9 +238,13 @@ static inline void cypool_vc_pixel_##SUF(ptrdiff_t ntaps, const T *const *xs,   
     ptrdiff_t e0 = e_lo;                                                             \
     for (; e0 + EB <= E; e0 += EB)                                                   \
         cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB, O, outs, bias, pack, pp);  \
-    if (e0 + EB / 2 <= E) {                                                          \
-        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB / 2, O, outs, bias, pack, pp); \
-        e0 += EB / 2;                                                                \
+    if (e0 + 2 * EB / 3 <= E) {                                                      \
+        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, 2 * EB / 3, O, outs, bias, pack, pp); \
+        e0 += 2 * EB / 3;                                                            \
+    }                                                                                \
+    if (e0 + EB / 3 <= E) {                                                          \
+        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB / 3, O, outs, bias, pack, pp); \
+        e0 += EB / 3;                                                                \
     }                                                                                \
     if (e0 < E)                                                                      \
         cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, E - e0, O, outs, bias, pack, pp); \

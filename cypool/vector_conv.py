@@ -23,9 +23,10 @@ _L2_BUDGET = 512 * 1024
 def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
     """Length of the E chunks swept over all pixels: the vectors that `rows`
     consecutive pixel rows read (row_vectors each) fit in _L2_BUDGET; a
-    multiple of 16, whole E when it fits anyway."""
+    multiple of 48 (of every variant's E block: 3 vectors of 2 to 8
+    values), whole E when it fits anyway."""
     per = max(1, rows * row_vectors * itemsize)
-    ec = max(16, (_L2_BUDGET // per) // 16 * 16)
+    ec = max(48, (_L2_BUDGET // per) // 48 * 48)
     return E if ec >= E else ec
 
 
