@@ -59,12 +59,16 @@ def peers_report() -> str:
 def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
     """Median seconds per call of each fn, timed interleaved.
 
-    In every repeat each fn is called once untimed and then timed, so that it
+    In every repeat each fn is called untimed and then timed, so that it
     meets the allocator and caches in its own steady state rather than in
     the state the previous peer left: measured here, a large output allocated
     right after another peer freed its buffers costs page faults worth up to
     10x a small convolution, for whichever peer comes second. A repeat that
-    is very short times several calls and divides.
+    is very short times several calls (about 2 ms of them) and divides; it
+    also makes as many untimed calls first, so that a previous peer's OpenMP
+    pool, which spins for about a millisecond after its call, has gone to
+    sleep: without that, the 26 us [32, 5, 64, 64] argmax measured 53 us in
+    one run, its two threads sharing the two cores with torch.amax's.
 
     pause: seconds to sleep before each untimed call of a peer whose call
     takes a millisecond or more, so that the
@@ -90,7 +94,8 @@ def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
             n = inner[name]
             if wait[name]:
                 time.sleep(wait[name])
-            fn()
+            for _ in range(n):  # untimed, as long as the timed block
+                fn()
             t = time.perf_counter()
             for _ in range(n):
                 fn()

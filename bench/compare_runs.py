@@ -1,17 +1,23 @@
 """Compare cypool's medians between two saved runs of the benchmark suite.
 
-Run: python bench/compare_runs.py BASE.md OTHER.md
+Run: python bench/compare_runs.py BASE.md[,BASE2.md,...] OTHER.md[,OTHER2.md,...]
 
 Each file is the output of `python bench/run_all.py`. For every table row
-present in both, prints cypool's median in each run and OTHER / BASE. Used to
-check the repaired wheel against a -march=native build of the same commit:
+present on both sides, prints cypool's median on each side and OTHER / BASE.
+A side given as several comma-separated runs uses, per row, the median of
+their medians: on this noisy 2-core machine a single entry under a
+millisecond moves by 10-30% between runs, so alternate the two builds'
+runs and give each side three. Used to check the repaired wheel against a
+-march=native build of the same commit:
 
-    python bench/run_all.py > wheel.md          # in a venv with the wheel
-    CYPOOL_NATIVE=1 pip install . && python bench/run_all.py > native.md
-    python bench/compare_runs.py native.md wheel.md
+    python bench/run_all.py > wheel1.md         # in a venv with the wheel
+    python bench/run_all.py > native1.md        # in a venv with CYPOOL_NATIVE=1 pip install .
+    ... (wheel2, native2, wheel3, native3)
+    python bench/compare_runs.py native1.md,native2.md,native3.md wheel1.md,wheel2.md,wheel3.md
 """
 from __future__ import annotations
 
+import statistics
 import sys
 
 
@@ -34,11 +40,18 @@ def cypool_medians(path: str) -> dict:
     return out
 
 
+def side(paths: str) -> dict:
+    """{row: median over the comma-separated runs that have it}."""
+    runs = [cypool_medians(p) for p in paths.split(",")]
+    keys = [k for k in runs[0] if all(k in r for r in runs)]
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         raise SystemExit(__doc__)
-    base, other = cypool_medians(argv[0]), cypool_medians(argv[1])
+    base, other = side(argv[0]), side(argv[1])
     worst = 0.0
     print(f"| table | case | {argv[0]} ms | {argv[1]} ms | ratio |")
     print("|---|---|---|---|---|")
