@@ -13,11 +13,18 @@
 #     every tap in row-major order with the branchless select of _pick():
 #     padding never takes over, so ties keep the first valid maximum and
 #     nothing ever points into the padding;
-#   * 2x2/stride 2 and 3x3/stride 1 or 2 keep the window in registers; any
+#   * 2x2/stride 2 keeps the window in registers; 3x3/stride 1 or 2 is
+#     separable (a horizontal scan per input row, then a vertical one); any
 #     other window makes one pass per tap over the row;
 #   * a window's "code" is the int32 offset of the winning tap from the window
 #     origin, turned into the int64 (or int32) flat index at the end of the row.
+# 3x3/stride 1/padding 1 on planes with short rows runs the separable scan
+# over the whole plane as one flat loop instead (_pool_plane_flat3).
 # Planes of 2**31 elements or more take the scalar window loop instead.
+#
+# Backward scatter-adds each plane's gradients into a zeroed plane, after one
+# vectorised bounds check; when every index lies in its own 2x2 block (a
+# 2x2/stride-2 pooling), it writes the blocks directly instead (_blocks2x2).
 
 # The flat 3x3 path is for short rows: measured here (AVX2, [16, C, W, W]),
 # it takes half the time of the row path at W = 14 to 32, the same at 40,
