@@ -20,23 +20,17 @@ from __future__ import annotations
 import statistics
 import sys
 
+from merge_runs import table_rows
+
 
 def cypool_medians(path: str) -> dict:
     """{(table title, case): cypool median ms} from a run_all output."""
-    out, title, cols = {}, None, None
-    for line in open(path):
-        line = line.rstrip("\n")
-        if line.startswith("### "):
-            title, cols = line[4:], None
-        elif line.startswith("| case |"):
-            cols = [c.strip() for c in line.strip("|").split("|")]
-        elif line.startswith("| ") and cols and not line.startswith("|---"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if "cypool ms" in cols and len(cells) == len(cols):
-                try:
-                    out[(title, cells[0])] = float(cells[cols.index("cypool ms")])
-                except ValueError:
-                    pass
+    out = {}
+    for key, row in table_rows(path).items():
+        try:
+            out[key] = float(row["cypool ms"])
+        except (KeyError, ValueError):
+            pass
     return out
 
 
