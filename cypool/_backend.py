@@ -2,7 +2,9 @@
 
 The kernels are built once per instruction-set level (setup.py); at import
 the best variant the CPU runs is loaded, as numpy reports its features.
-``CYPOOL_ISA=baseline`` (or another built level) forces one.
+The convolution takes it; the max-pool and argmax kernels take the best one
+up to AVX2 (``CAPPED``). ``CYPOOL_ISA=baseline`` (or another built level)
+forces one level for every kernel.
 
 Every public function goes through here to reach a kernel, so that the
 thread policy is the same everywhere:
@@ -22,11 +24,26 @@ import numpy as np
 
 # Instruction-set levels, best first: (name, numpy CPU features it needs).
 # x86-64-v3 is AVX, AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE; older numpy has no
-# "X86_V3" key, so the parts are checked instead.
+# "X86_V3" key, so the parts are checked instead. x86-64-v4 adds AVX-512
+# F, CD, VL, BW and DQ.
+_V3 = ("AVX", "AVX2", "F16C", "FMA3", "BMI", "BMI2", "LZCNT", "MOVBE")
 LEVELS = (
-    ("avx2", ("AVX", "AVX2", "F16C", "FMA3", "BMI", "BMI2", "LZCNT", "MOVBE")),
+    ("avx512", _V3 + ("AVX512F", "AVX512CD", "AVX512VL", "AVX512BW", "AVX512DQ")),
+    ("avx2", _V3),
     ("baseline", ()),
 )
+# Kernels that run on the best level only up to this one unless a level is
+# forced. The max-pool and argmax loops are bound by memory and branchless
+# selects; gcc 12's x86-64-v4 code for them measured 3-20% slower than its
+# AVX2 code on an AVX-512 machine (bench/results/isa_levels.md), while the
+# convolution's 16-float register tiles gain 1.2-1.7x there.
+CAPPED = {
+    "max_pool2d_forward": "avx2",
+    "max_pool2d_backward": "avx2",
+    "max_unpool2d": "avx2",
+    "max_unpool2d_backward": "avx2",
+    "argmax2d": "avx2",
+}
 ISA_ENV = "CYPOOL_ISA"
 
 
@@ -46,7 +63,8 @@ def _load(name):
 
 
 def _choose():
-    """(name, module, names of the variants this build has)."""
+    """(name of the chosen level, its module, names of the variants built,
+    whether the level was forced)."""
     built = [name for name, _ in LEVELS if _load(name) is not None]
     if not built:
         raise ImportError("cypool: no compiled kernels found; was the package built?")
@@ -54,15 +72,32 @@ def _choose():
     if forced:
         if forced not in built:
             raise ImportError(f"{ISA_ENV}={forced!r}, but this build has only {built}")
-        return forced, _load(forced), built
+        return forced, _load(forced), built, True
     feats = _cpu_features()
     for name, needs in LEVELS:
         if name in built and all(feats.get(f, False) for f in needs):
-            return name, _load(name), built
-    return "baseline", _load("baseline"), built
+            return name, _load(name), built, False
+    return "baseline", _load("baseline"), built, False
 
 
-ISA, kernels, AVAILABLE_ISAS = _choose()
+ISA, kernels, AVAILABLE_ISAS, _FORCED = _choose()
+_ORDER = [name for name, _ in LEVELS]
+
+
+def isa_for(name: str) -> str:
+    """The instruction-set level whose module runs kernel `name`."""
+    cap = CAPPED.get(name)
+    if _FORCED or cap is None or _ORDER.index(ISA) >= _ORDER.index(cap):
+        return ISA
+    # The best built level at or below the cap (the chosen level is above
+    # it, so the CPU runs it too).
+    return next(n for n in _ORDER[_ORDER.index(cap):] if n in AVAILABLE_ISAS)
+
+
+def module_for(name: str):
+    """The compiled module that runs kernel `name` (see isa_for)."""
+    return _load(isa_for(name))
+
 
 # Elements (of input plus output) below which a call runs serially. About
 # 20-40 microseconds of single-threaded work on a current x86-64 core.
@@ -94,7 +129,7 @@ def kernel(name: str, *dtypes: np.dtype):
     key = (name,) + dtypes
     fn = _specialised.get(key)
     if fn is None:
-        generic = getattr(kernels, name)
+        generic = getattr(module_for(name), name)
         if dtypes:
             sig = "|".join(_C_NAMES[d.name] for d in dtypes)
             fn = _specialised[key] = generic.__signatures__[sig]
@@ -113,6 +148,9 @@ def show_config(file=None) -> None:
     forced = os.environ.get(ISA_ENV)
     print(f"cypool kernels: {ISA}" + (f" (forced by {ISA_ENV})" if forced else " (chosen from CPU features)"),
           file=out)
+    capped = sorted({isa_for(n) for n in CAPPED} - {ISA})
+    if capped:
+        print(f"max-pool and argmax kernels: {', '.join(capped)} (faster there than {ISA})", file=out)
     print(f"variants built: {', '.join(AVAILABLE_ISAS)}", file=out)
     if has_omp:
         print(f"OpenMP: yes (_OPENMP {omp_version}); default threads: {nthreads}", file=out)

@@ -1,5 +1,5 @@
-# Stubs for the compiled kernel modules (_kernels_baseline, _kernels_avx2:
-# the same functions, built for different instruction sets). Arrays must be
+# Stubs for the compiled kernel modules (_kernels_baseline, _kernels_avx2,
+# _kernels_avx512: the same functions, built for different instruction sets). Arrays must be
 # C-contiguous, of the dtypes the Python layer passes; see cypool/_checks.py.
 import numpy as np
 from numpy.typing import NDArray

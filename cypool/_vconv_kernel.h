@@ -9,19 +9,28 @@
  * multiply-adds, each weight broadcast EB of them. cypool_vc_dots computes
  * the weight gradient's dot products over E, OB x TB of them at a time.
  *
- * Plain C loops with compile-time trip counts: gcc unrolls them and keeps
- * the accumulators in vector registers (SSE2 in the baseline build, AVX2 +
- * FMA in the x86-64-v3 build, where EB doubles).
+ * GCC vector types hold the accumulators in registers: SSE2 in the
+ * baseline build, AVX2 + FMA in the x86-64-v3 build (EB doubles), AVX-512
+ * in the x86-64-v4 build (EB doubles again; its 32 registers take an 8 x 3
+ * vector tile, and half-width tiles finish a small E).
  */
 #ifndef CYPOOL_VCONV_KERNEL_H
 #define CYPOOL_VCONV_KERNEL_H
 #include <stddef.h>
 #include <string.h>
 
-#if defined(__AVX2__)
+#if defined(__AVX512F__)
+#define CYPOOL_VC_VBYTES 64
+/* 16-float vectors leave a small E (or its end) to scalar code: an 8-float
+ * (4-double) tile and dot-product step take it instead. */
+#define CYPOOL_VC_HALF_TAIL 1
+#elif defined(__AVX2__)
 #define CYPOOL_VC_VBYTES 32
 #else
 #define CYPOOL_VC_VBYTES 16
+#endif
+#ifndef CYPOOL_VC_HALF_TAIL
+#define CYPOOL_VC_HALF_TAIL 0
 #endif
 /* E block: three vectors (the full tile); two- and one-vector tiles and a
  * scalar edge tile finish E. */
@@ -64,6 +73,47 @@ static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs
     *(V *)o3 = a30; *(V *)(o3 + L) = a31; *(V *)(o3 + 2 * L) = a32;                  \
 }                                                                                    \
                                                                                      \
+/* Eight output channels x 3 vectors: 24 accumulators, for the AVX-512      \
+ * build's 32 vector registers; each x_t load feeds 8 fused multiply-adds.   \
+ */                                                                                  \
+static inline void cypool_vc_tile_full8_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
+{                                                                                    \
+    typedef cypool_vc_v_##SUF V;                                                     \
+    const int L = CYPOOL_VC_VL_##SUF;                                                \
+    V a00 = {0}, a01 = {0}, a02 = {0}, a10 = {0}, a11 = {0}, a12 = {0};              \
+    V a20 = {0}, a21 = {0}, a22 = {0}, a30 = {0}, a31 = {0}, a32 = {0};              \
+    V a40 = {0}, a41 = {0}, a42 = {0}, a50 = {0}, a51 = {0}, a52 = {0};              \
+    V a60 = {0}, a61 = {0}, a62 = {0}, a70 = {0}, a71 = {0}, a72 = {0};              \
+    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
+        const T *xp = xs[t] + xoff;                                                  \
+        const T *wp = w + t * ldw;                                                   \
+        V x0 = *(const V *)xp, x1 = *(const V *)(xp + L), x2 = *(const V *)(xp + 2 * L); \
+        a00 += wp[0] * x0; a01 += wp[0] * x1; a02 += wp[0] * x2;                     \
+        a10 += wp[1] * x0; a11 += wp[1] * x1; a12 += wp[1] * x2;                     \
+        a20 += wp[2] * x0; a21 += wp[2] * x1; a22 += wp[2] * x2;                     \
+        a30 += wp[3] * x0; a31 += wp[3] * x1; a32 += wp[3] * x2;                     \
+        a40 += wp[4] * x0; a41 += wp[4] * x1; a42 += wp[4] * x2;                     \
+        a50 += wp[5] * x0; a51 += wp[5] * x1; a52 += wp[5] * x2;                     \
+        a60 += wp[6] * x0; a61 += wp[6] * x1; a62 += wp[6] * x2;                     \
+        a70 += wp[7] * x0; a71 += wp[7] * x1; a72 += wp[7] * x2;                     \
+    }                                                                                \
+    if (bias) {                                                                      \
+        a00[0] += bias[0]; a10[0] += bias[1]; a20[0] += bias[2]; a30[0] += bias[3];  \
+        a40[0] += bias[4]; a50[0] += bias[5]; a60[0] += bias[6]; a70[0] += bias[7];  \
+    }                                                                                \
+    V *o;                                                                            \
+    o = (V *)(outs[0] + e0); o[0] = a00; *(V *)((T *)o + L) = a01; *(V *)((T *)o + 2 * L) = a02; \
+    o = (V *)(outs[1] + e0); o[0] = a10; *(V *)((T *)o + L) = a11; *(V *)((T *)o + 2 * L) = a12; \
+    o = (V *)(outs[2] + e0); o[0] = a20; *(V *)((T *)o + L) = a21; *(V *)((T *)o + 2 * L) = a22; \
+    o = (V *)(outs[3] + e0); o[0] = a30; *(V *)((T *)o + L) = a31; *(V *)((T *)o + 2 * L) = a32; \
+    o = (V *)(outs[4] + e0); o[0] = a40; *(V *)((T *)o + L) = a41; *(V *)((T *)o + 2 * L) = a42; \
+    o = (V *)(outs[5] + e0); o[0] = a50; *(V *)((T *)o + L) = a51; *(V *)((T *)o + 2 * L) = a52; \
+    o = (V *)(outs[6] + e0); o[0] = a60; *(V *)((T *)o + L) = a61; *(V *)((T *)o + 2 * L) = a62; \
+    o = (V *)(outs[7] + e0); o[0] = a70; *(V *)((T *)o + L) = a71; *(V *)((T *)o + 2 * L) = a72; \
+}                                                                                    \
+                                                                                     \
 /* An OB x (2 vectors) block, for the end of E. */                                  \
 static inline void cypool_vc_tile_two_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
@@ -86,6 +136,24 @@ static inline void cypool_vc_tile_two_##SUF(ptrdiff_t ntaps, const T *const *xs,
     *(V *)(outs[1] + e0) = a10; *(V *)(outs[1] + e0 + L) = a11;                      \
     *(V *)(outs[2] + e0) = a20; *(V *)(outs[2] + e0 + L) = a21;                      \
     *(V *)(outs[3] + e0) = a30; *(V *)(outs[3] + e0 + L) = a31;                      \
+}                                                                                    \
+                                                                                     \
+/* An OB x (half a vector) block: the end of E, and all of a small E, in    \
+ * the AVX-512 build (8 floats or 4 doubles). */                              \
+static inline void cypool_vc_tile_half_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
+{                                                                                    \
+    typedef T H __attribute__((vector_size(CYPOOL_VC_VBYTES / 2), aligned(sizeof(T)))); \
+    H a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                        \
+    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
+        H x0 = *(const H *)(xs[t] + xoff);                                           \
+        const T *wp = w + t * ldw;                                                   \
+        a0 += wp[0] * x0; a1 += wp[1] * x0; a2 += wp[2] * x0; a3 += wp[3] * x0;      \
+    }                                                                                \
+    if (bias) { a0[0] += bias[0]; a1[0] += bias[1]; a2[0] += bias[2]; a3[0] += bias[3]; } \
+    *(H *)(outs[0] + e0) = a0; *(H *)(outs[1] + e0) = a1;                            \
+    *(H *)(outs[2] + e0) = a2; *(H *)(outs[3] + e0) = a3;                            \
 }                                                                                    \
                                                                                      \
 /* An OB x (1 vector) block, for the end of E. */            \
@@ -121,11 +189,29 @@ static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const 
         g = *(const V *)(g2 + e); a20 += g * u; a21 += g * v;                        \
         g = *(const V *)(g3 + e); a30 += g * u; a31 += g * v;                        \
     }                                                                                \
+    typedef T H __attribute__((vector_size(CYPOOL_VC_VBYTES / 2), aligned(sizeof(T)))); \
+    H h[4][2] = {{{0}}};                                                             \
+    if (CYPOOL_VC_HALF_TAIL && e + L / 2 <= E) {                                     \
+        H u = *(const H *)(x0 + e), v = *(const H *)(x1 + e);                        \
+        for (int o = 0; o < 4; o++) {                                                \
+            H g = *(const H *)(gs[o] + e);                                           \
+            h[o][0] = g * u; h[o][1] = g * v;                                        \
+        }                                                                            \
+        e += L / 2;                                                                  \
+    }                                                                                \
     V acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};                  \
     for (int o = 0; o < 4; o++)                                                      \
         for (int t = 0; t < 2; t++) {                                                \
             T s = 0;                                                                 \
-            for (int l = 0; l < L; l++) s += acc[o][t][l];                           \
+            if (CYPOOL_VC_HALF_TAIL) {                                               \
+                /* Halve the wide accumulator first: fewer scalar adds. */      \
+                H lohi[2];                                                           \
+                memcpy(lohi, &acc[o][t], sizeof(V));                                 \
+                H r = lohi[0] + lohi[1] + h[o][t];                                   \
+                for (int l = 0; l < L / 2; l++) s += r[l];                           \
+            } else {                                                                 \
+                for (int l = 0; l < L; l++) s += acc[o][t][l];                       \
+            }                                                                        \
             for (ptrdiff_t k = e; k < E; k++) s += gs[o][k] * xs[t][k];              \
             gw[o * ldgw + tap[t]] += s;                                              \
         }                                                                            \
@@ -139,6 +225,13 @@ static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs
 {                                                                                    \
     cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
+static inline void cypool_vc_tile_full8_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
+{                                                                                    \
+    cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w, ldw, e0, outs, bias);              \
+    cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w + 4, ldw, e0, outs + 4, bias ? bias + 4 : NULL); \
+}                                                                                    \
 static inline void cypool_vc_tile_two_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
         const T *bias)                                                               \
@@ -150,6 +243,12 @@ static inline void cypool_vc_tile_one_##SUF(ptrdiff_t ntaps, const T *const *xs,
         const T *bias)                                                               \
 {                                                                                    \
     cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 3, CYPOOL_VC_OB, outs, bias); \
+}                                                                                    \
+static inline void cypool_vc_tile_half_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias)                                                               \
+{                                                                                    \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 6, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
 static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const *xs, \
         const ptrdiff_t *tap, ptrdiff_t E, T *gw, ptrdiff_t ldgw)                    \
@@ -211,7 +310,12 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
         xs = pp;                                                                     \
         xoff = 0;                                                                    \
     }                                                                                \
-    for (ptrdiff_t o0 = 0; o0 < O; o0 += CYPOOL_VC_OB) {                             \
+    ptrdiff_t o0 = 0;                                                                \
+    if (CYPOOL_VC_HALF_TAIL && ne == EB)                                             \
+        for (; o0 + 2 * CYPOOL_VC_OB <= O; o0 += 2 * CYPOOL_VC_OB)                   \
+            cypool_vc_tile_full8_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0,  \
+                                       (bias && e0 == 0) ? bias + o0 : NULL);        \
+    for (; o0 < O; o0 += CYPOOL_VC_OB) {                                             \
         int no = O - o0 < CYPOOL_VC_OB ? (int)(O - o0) : CYPOOL_VC_OB;               \
         const T *b = (bias && e0 == 0) ? bias + o0 : NULL;                           \
         if (no == CYPOOL_VC_OB && ne == EB)                                          \
@@ -220,6 +324,8 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
             cypool_vc_tile_two_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
         else if (no == CYPOOL_VC_OB && ne == EB / 3)                                 \
             cypool_vc_tile_one_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
+        else if (CYPOOL_VC_HALF_TAIL && no == CYPOOL_VC_OB && ne == EB / 6)          \
+            cypool_vc_tile_half_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
         else                                                                         \
             cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, no,      \
                                       outs + o0, b);                                 \
@@ -245,6 +351,10 @@ static inline void cypool_vc_pixel_##SUF(ptrdiff_t ntaps, const T *const *xs,   
     if (e0 + EB / 3 <= E) {                                                          \
         cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB / 3, O, outs, bias, pack, pp); \
         e0 += EB / 3;                                                                \
+    }                                                                                \
+    if (CYPOOL_VC_HALF_TAIL && e0 + EB / 6 <= E) {                                   \
+        cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, EB / 6, O, outs, bias, pack, pp); \
+        e0 += EB / 6;                                                                \
     }                                                                                \
     if (e0 < E)                                                                      \
         cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, E - e0, O, outs, bias, pack, pp); \

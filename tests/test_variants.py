@@ -44,3 +44,38 @@ def test_variant_matches_reference(rng, isa):
             mod.argmax2d(maps, vals, coords, shape[3], 1, 2)
             flat = maps.argmax(-1)
             np.testing.assert_array_equal(coords[:, 0] * shape[3] + coords[:, 1], flat)
+
+
+def test_capped_kernels_run_at_most_avx2_unless_forced():
+    for name in _backend.CAPPED:
+        level = _backend.isa_for(name)
+        assert level in _backend.AVAILABLE_ISAS
+        if _backend._FORCED or _backend.ISA != "avx512":
+            assert level == _backend.ISA
+        else:
+            assert level == "avx2"
+    assert _backend.isa_for("vector_conv2d_forward") == _backend.ISA
+
+
+@pytest.mark.parametrize("isa", _backend.AVAILABLE_ISAS)
+def test_variant_convolution_matches_reference(rng, isa, monkeypatch):
+    # Every tile width of every variant: E from 1 to past three 16-float
+    # vectors, with ends of 1, 8 and 16 values; O not a multiple of 4.
+    monkeypatch.setattr(_backend, "isa_for", lambda name: isa)
+    monkeypatch.setattr(_backend, "_specialised", {})
+    for E in (1, 3, 8, 9, 17, 24, 40, 48, 57, 64, 105):
+        for dtype in (np.float32, np.float64):
+            x = rng.standard_normal((2, 3, 7, 6, E)).astype(dtype)
+            w = rng.standard_normal((6, 3, 3, 2)).astype(dtype)
+            b = rng.standard_normal(6).astype(dtype)
+            geo = dict(stride=(2, 1), padding=(1, 1), dilation=(1, 2))
+            out = cypool.vector_conv2d(x, w, b, **geo)
+            x64, w64 = x.astype(np.float64), w.astype(np.float64)
+            args = ((2, 1), (1, 1), (1, 2))
+            tol = dict(rtol=2e-4, atol=2e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+            np.testing.assert_allclose(out, ref.vector_conv2d(x64, w64, b.astype(np.float64), *args), **tol)
+            g = rng.standard_normal(out.shape).astype(dtype)
+            got = cypool.vector_conv2d_backward(g, x, w, **geo)
+            want = ref.vector_conv2d_backward(g.astype(np.float64), x64, w64, *args)
+            for a, b_ in zip(got, want):
+                np.testing.assert_allclose(a, b_, **tol)
