@@ -1,9 +1,9 @@
 """Timing harness shared by the benchmarks.
 
 The machines this runs on are noisy, so every comparison is:
-* interleaved: each repeat times every peer once, in turn (after one untimed
-  call of the same peer), so that drift and neighbours' load hit all peers
-  alike;
+* interleaved: each repeat times every peer once, in turn (after untimed
+  calls of the same peer, at least WARM_UP seconds of them), so that drift
+  and neighbours' load hit all peers alike;
 * a median over the repeats;
 * reported as ratios to cypool, measured in the same run on the same thread
   count (torch.set_num_threads, numba.set_num_threads and cypool's
@@ -56,6 +56,9 @@ def peers_report() -> str:
     return line
 
 
+WARM_UP = 5e-3
+
+
 def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
     """Median seconds per call of each fn, timed interleaved.
 
@@ -69,6 +72,12 @@ def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
     pool, which spins for about a millisecond after its call, has gone to
     sleep: without that, the 26 us [32, 5, 64, 64] argmax measured 53 us in
     one run, its two threads sharing the two cores with torch.amax's.
+
+    The untimed calls also last at least WARM_UP seconds: measured here,
+    after the pause a call of about a millisecond runs 20-30% slow for its
+    first few calls (x.copy() of 12.8 MB as much as the max pool), so one
+    untimed call left a 1 ms peer timed while still warming up, and its
+    0.4 ms peer, with four untimed calls, timed warm.
 
     pause: seconds to sleep before each untimed call of a peer whose call
     takes a millisecond or more, so that the
@@ -94,8 +103,11 @@ def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
             n = inner[name]
             if wait[name]:
                 time.sleep(wait[name])
-            for _ in range(n):  # untimed, as long as the timed block
+            # Untimed: as long as the timed block, and at least WARM_UP.
+            t, k = time.perf_counter(), 0
+            while k < n or time.perf_counter() - t < WARM_UP:
                 fn()
+                k += 1
             t = time.perf_counter()
             for _ in range(n):
                 fn()
