@@ -8,7 +8,8 @@ Everything about *how* the extension is compiled lives here:
 * portable code generation by default: the kernels are compiled once per
   instruction-set level (baseline, AVX2+FMA and AVX-512 on x86-64) and the
   best one is chosen at import; ``-march=native`` only when the user sets
-  ``CYPOOL_NATIVE=1`` for a source build (the result may crash elsewhere);
+  ``CYPOOL_NATIVE=1`` for a source build, which then builds that one variant
+  (the result may crash on another CPU);
 * the Cython compiler directives, set once for every module.
 """
 import os
@@ -92,10 +93,8 @@ class BuildExt(build_ext):
             )
         cflags, ldflags = openmp_flags(ctype) if use_omp else ([], [])
         for ext in self.extensions:
-            # The variant's own flags come last so that they win; a native
-            # build (CYPOOL_NATIVE=1) overrides them all.
-            native = ["-march=native"] if os.environ.get("CYPOOL_NATIVE") == "1" and ctype != "msvc" else []
-            ext.extra_compile_args = base_compile_args(ctype) + cflags + ext.extra_compile_args + native
+            # The variant's own flags come last so that they win.
+            ext.extra_compile_args = base_compile_args(ctype) + cflags + ext.extra_compile_args
             ext.extra_link_args = ldflags + ext.extra_link_args
         super().build_extensions()
 
@@ -122,6 +121,10 @@ def variants():
     Other architectures get the baseline only.
     """
     machine = platform.machine().lower()
+    if os.environ.get("CYPOOL_NATIVE") == "1" and sys.platform != "win32":
+        # One variant for the building machine, ISA and tuning (gcc's
+        # -march=native); it is loaded whenever it is there.
+        return [("native", ["-march=native"])]
     if os.environ.get("CYPOOL_BASELINE_ONLY") == "1" or machine not in ("x86_64", "amd64"):
         return [("baseline", [])]
     if sys.platform == "win32":

@@ -28,6 +28,8 @@ import numpy as np
 # F, CD, VL, BW and DQ.
 _V3 = ("AVX", "AVX2", "F16C", "FMA3", "BMI", "BMI2", "LZCNT", "MOVBE")
 LEVELS = (
+    # A CYPOOL_NATIVE=1 source build has only this one, made for its machine.
+    ("native", ()),
     ("avx512", _V3 + ("AVX512F", "AVX512CD", "AVX512VL", "AVX512BW", "AVX512DQ")),
     ("avx2", _V3),
     ("baseline", ()),
@@ -90,8 +92,8 @@ def isa_for(name: str) -> str:
     if _FORCED or cap is None or _ORDER.index(ISA) >= _ORDER.index(cap):
         return ISA
     # The best built level at or below the cap (the chosen level is above
-    # it, so the CPU runs it too).
-    return next(n for n in _ORDER[_ORDER.index(cap):] if n in AVAILABLE_ISAS)
+    # it, so the CPU runs it too); a native build has none.
+    return next((n for n in _ORDER[_ORDER.index(cap):] if n in AVAILABLE_ISAS), ISA)
 
 
 def module_for(name: str):
