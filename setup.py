@@ -97,6 +97,19 @@ class BuildExt(build_ext):
             ext.extra_compile_args = base_compile_args(ctype) + cflags + ext.extra_compile_args
             ext.extra_link_args = ldflags + ext.extra_link_args
         super().build_extensions()
+        self._remove_stale_variants()
+
+    def _remove_stale_variants(self):
+        """Delete kernel modules of variants this build did not make (say a
+        _kernels_native left in build/ or the source tree by an earlier
+        CYPOOL_NATIVE=1 build): _backend would load them, and a native one
+        may crash on another CPU."""
+        made = {os.path.basename(self.get_ext_fullpath(ext.name)) for ext in self.extensions}
+        suffix = os.path.splitext(next(iter(made)))[1]
+        folder = os.path.dirname(self.get_ext_fullpath(self.extensions[0].name))
+        for name in os.listdir(folder):
+            if name.startswith("_kernels_") and name.endswith(suffix) and name not in made:
+                os.remove(os.path.join(folder, name))
 
 
 DIRECTIVES = {
