@@ -57,6 +57,7 @@ def peers_report() -> str:
 
 
 WARM_UP = 5e-3
+WARM_UP_AFTER_PAUSE = 20e-3
 
 
 def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
@@ -79,33 +80,44 @@ def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
     untimed call left a 1 ms peer timed while still warming up, and its
     0.4 ms peer, with four untimed calls, timed warm.
 
-    pause: seconds to sleep before each untimed call of a peer whose call
-    takes a millisecond or more, so that the
+    After a pause the first calls are slower still: measured here, the
+    0.3 ms ConvSmall 1 convolution took about 7 ms and then 4 ms for the
+    first two calls after the 150 ms pause in some processes (its second
+    OpenMP thread, asleep, returning only after a scheduler tick or two),
+    which a 5 ms warm-up left in the timed call: cypool's median read 4.0 ms
+    in three of five suite runs. So after a pause every peer warms up for
+    WARM_UP_AFTER_PAUSE. Every peer pauses: before, only peers whose first
+    call took a millisecond or more did, and that cold first call (3-6 ms
+    for a 0.3 ms convolution) decided it, so which peers paused depended on
+    first-call costs.
+
+    pause: seconds to sleep before each peer's untimed calls, so that the
     previous peer's thread pool has stopped spinning. On a 2-core machine a
     pool that busy-waits after its call (torch's and Numba's OpenMP, and
     OpenBLAS for about 0.1 s after a matrix product) takes a core from the
     next peer: measured here, the [32, 245, 64, 64] argmax took 6.4 ms right
     after torch.amax and 3.4 ms with a 20 ms pause (or OMP_WAIT_POLICY=PASSIVE).
     """
-    inner, wait = {}, {}
+    inner = {}
     for name, fn in fns.items():
-        t = time.perf_counter()
-        fn()
-        el = time.perf_counter() - t
+        fn()  # cold: first-call costs (thread pool start, caches) are not its size
+        el = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            el = min(el, time.perf_counter() - t)
         inner[name] = max(1, int(2e-3 / max(el, 1e-7))) if el < 2e-3 else 1
-        # Only before calls of a millisecond or more: after an idle pause this
-        # virtual machine wakes sleeping worker threads slowly, which would
-        # dominate a call of a few microseconds (and every threaded peer's).
-        wait[name] = pause if el >= 1e-3 else 0.0
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             n = inner[name]
-            if wait[name]:
-                time.sleep(wait[name])
-            # Untimed: as long as the timed block, and at least WARM_UP.
+            if pause:
+                time.sleep(pause)
+            # Untimed: as long as the timed block, and at least WARM_UP
+            # (WARM_UP_AFTER_PAUSE after a pause).
+            least = WARM_UP_AFTER_PAUSE if pause else WARM_UP
             t, k = time.perf_counter(), 0
-            while k < n or time.perf_counter() - t < WARM_UP:
+            while k < n or time.perf_counter() - t < least:
                 fn()
                 k += 1
             t = time.perf_counter()
