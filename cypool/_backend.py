@@ -64,20 +64,28 @@ def _load(name):
         return None
 
 
+def missing_features(level: str, feats: dict) -> list:
+    """The CPU features (numpy's names) that level needs and feats lacks."""
+    return [f for f in dict(LEVELS)[level] if not feats.get(f, False)]
+
+
 def _choose():
     """(name of the chosen level, its module, names of the variants built,
     whether the level was forced)."""
     built = [name for name, _ in LEVELS if _load(name) is not None]
     if not built:
         raise ImportError("cypool: no compiled kernels found; was the package built?")
+    feats = _cpu_features()
     forced = os.environ.get(ISA_ENV)
     if forced:
         if forced not in built:
             raise ImportError(f"{ISA_ENV}={forced!r}, but this build has only {built}")
+        missing = missing_features(forced, feats)
+        if missing:  # its code would stop the process with SIGILL
+            raise ImportError(f"{ISA_ENV}={forced!r}, but this CPU lacks {', '.join(missing)}")
         return forced, _load(forced), built, True
-    feats = _cpu_features()
-    for name, needs in LEVELS:
-        if name in built and all(feats.get(f, False) for f in needs):
+    for name, _ in LEVELS:
+        if name in built and not missing_features(name, feats):
             return name, _load(name), built, False
     return "baseline", _load("baseline"), built, False
 

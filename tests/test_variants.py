@@ -81,3 +81,22 @@ def test_variant_convolution_matches_reference(rng, isa, monkeypatch):
             want = ref.vector_conv2d_backward(g.astype(np.float64), x64, w64, *args)
             for a, b_ in zip(got, want):
                 np.testing.assert_allclose(a, b_, **tol)
+
+
+def test_forcing_a_level_the_cpu_lacks_is_refused():
+    # CYPOOL_ISA=avx512 on an AVX2-only CPU must not load code that would
+    # stop the process with SIGILL: _choose raises ImportError naming it.
+    avx2_only = {f: True for f in _backend.LEVELS[[n for n, _ in _backend.LEVELS].index("avx2")][1]}
+    assert _backend.missing_features("avx2", avx2_only) == []
+    assert _backend.missing_features("avx512", avx2_only) == [
+        "AVX512F", "AVX512CD", "AVX512VL", "AVX512BW", "AVX512DQ"]
+    assert _backend.missing_features("baseline", {}) == []
+
+
+def test_forced_level_error_names_the_variable(monkeypatch):
+    monkeypatch.setenv(_backend.ISA_ENV, "avx512")
+    monkeypatch.setattr(_backend, "_cpu_features", lambda: {"AVX2": True})
+    if "avx512" not in _backend.AVAILABLE_ISAS:
+        pytest.skip("no AVX-512 variant in this build")
+    with pytest.raises(ImportError, match="CYPOOL_ISA=.avx512., but this CPU lacks .*AVX512F"):
+        _backend._choose()
