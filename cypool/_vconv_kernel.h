@@ -40,138 +40,54 @@
 #define CYPOOL_VC_TB 2
 
 #if defined(__GNUC__)
-/* The full tiles with GCC/clang vector types: 12 vector accumulators (4
- * output channels x 3 vectors of E), one broadcast weight per channel and
- * tap, so 12 fused multiply-adds per tap for 3 loads and 4 broadcasts (the
- * 4 x 2 tile issued 8 for 2 and 4: about 10% slower on ConvSmall 2). Plain C
- * loops left gcc 12 spilling the accumulators to the stack. */
+/* The register tiles, with GCC/clang vector types, all made by one macro:
+ * ROWS output channels x COLS vectors of E, every accumulator a vector
+ * register, one broadcast weight per channel and tap. The full tile is
+ * 4 x 3 (12 fused multiply-adds per tap for 3 loads and 4 broadcasts; the
+ * 4 x 2 tile issued 8 for 2 and 4: about 10% slower on ConvSmall 2), 8 x 3
+ * where the AVX-512 build has 32 registers; 4 x 2, 4 x 1 and 4 x (half a
+ * vector) finish E. Plain C loops left gcc 12 spilling the accumulators to
+ * the stack, hence the unrolling by the preprocessor:
+ *   CYPOOL_VC_Cn(M, i) is M(i, 0) ... M(i, n - 1), one row's columns;
+ *   CYPOOL_VC_Rn(C, M) is C(M, 0) ... C(M, n - 1), every row. */
+#define CYPOOL_VC_C1(M, i) M(i, 0)
+#define CYPOOL_VC_C2(M, i) M(i, 0) M(i, 1)
+#define CYPOOL_VC_C3(M, i) M(i, 0) M(i, 1) M(i, 2)
+#define CYPOOL_VC_R4(C, M) C(M, 0) C(M, 1) C(M, 2) C(M, 3)
+#define CYPOOL_VC_R8(C, M) CYPOOL_VC_R4(C, M) C(M, 4) C(M, 5) C(M, 6) C(M, 7)
+#define CYPOOL_VC_ZERO(i, j) V a##i##j = {0};
+#define CYPOOL_VC_LOAD(i, j) V x##j = *(const V *)(xp + j * L);
+#define CYPOOL_VC_FMA(i, j) a##i##j += wp[i] * x##j;
+#define CYPOOL_VC_BIAS(i, j) a##i##j[0] += bias[i];
+#define CYPOOL_VC_STORE(i, j) *(V *)(outs[i] + e0 + j * L) = a##i##j;
+#define CYPOOL_VC_TILE(NAME, T, VT, ROWS, COLS)                                      \
+static inline void NAME(ptrdiff_t ntaps, const T *const *xs, ptrdiff_t xoff,        \
+        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias)      \
+{                                                                                    \
+    typedef VT V;                                                                    \
+    const int L = (int)(sizeof(V) / sizeof(T));                                      \
+    ROWS(COLS, CYPOOL_VC_ZERO)                                                       \
+    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
+        const T *xp = xs[t] + xoff;                                                  \
+        const T *wp = w + t * ldw;                                                   \
+        COLS(CYPOOL_VC_LOAD, 0)                                                      \
+        ROWS(COLS, CYPOOL_VC_FMA)                                                    \
+    }                                                                                \
+    if (bias) { ROWS(CYPOOL_VC_C1, CYPOOL_VC_BIAS) }                                 \
+    ROWS(COLS, CYPOOL_VC_STORE)                                                      \
+}
+
 #define CYPOOL_VC_FULL(T, SUF, EB)                                                   \
 typedef T cypool_vc_v_##SUF __attribute__((vector_size(CYPOOL_VC_VBYTES), aligned(sizeof(T)))); \
+typedef T cypool_vc_h_##SUF __attribute__((vector_size(CYPOOL_VC_VBYTES / 2), aligned(sizeof(T)))); \
 enum { CYPOOL_VC_VL_##SUF = CYPOOL_VC_VBYTES / sizeof(T) };                           \
-static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
-        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias)                                                               \
-{                                                                                    \
-    typedef cypool_vc_v_##SUF V;                                                     \
-    const int L = CYPOOL_VC_VL_##SUF;                                                \
-    V a00 = {0}, a01 = {0}, a02 = {0}, a10 = {0}, a11 = {0}, a12 = {0};              \
-    V a20 = {0}, a21 = {0}, a22 = {0}, a30 = {0}, a31 = {0}, a32 = {0};              \
-    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
-        const T *xp = xs[t] + xoff;                                                  \
-        const T *wp = w + t * ldw;                                                   \
-        V x0 = *(const V *)xp, x1 = *(const V *)(xp + L), x2 = *(const V *)(xp + 2 * L); \
-        a00 += wp[0] * x0; a01 += wp[0] * x1; a02 += wp[0] * x2;                     \
-        a10 += wp[1] * x0; a11 += wp[1] * x1; a12 += wp[1] * x2;                     \
-        a20 += wp[2] * x0; a21 += wp[2] * x1; a22 += wp[2] * x2;                     \
-        a30 += wp[3] * x0; a31 += wp[3] * x1; a32 += wp[3] * x2;                     \
-    }                                                                                \
-    if (bias) { a00[0] += bias[0]; a10[0] += bias[1]; a20[0] += bias[2]; a30[0] += bias[3]; } \
-    T *o0 = outs[0] + e0, *o1 = outs[1] + e0, *o2 = outs[2] + e0, *o3 = outs[3] + e0;   \
-    *(V *)o0 = a00; *(V *)(o0 + L) = a01; *(V *)(o0 + 2 * L) = a02;                  \
-    *(V *)o1 = a10; *(V *)(o1 + L) = a11; *(V *)(o1 + 2 * L) = a12;                  \
-    *(V *)o2 = a20; *(V *)(o2 + L) = a21; *(V *)(o2 + 2 * L) = a22;                  \
-    *(V *)o3 = a30; *(V *)(o3 + L) = a31; *(V *)(o3 + 2 * L) = a32;                  \
-}                                                                                    \
-                                                                                     \
-/* Eight output channels x 3 vectors: 24 accumulators, for the AVX-512      \
- * build's 32 vector registers; each x_t load feeds 8 fused multiply-adds.   \
- */                                                                                  \
-static inline void cypool_vc_tile_full8_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
-        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias)                                                               \
-{                                                                                    \
-    typedef cypool_vc_v_##SUF V;                                                     \
-    const int L = CYPOOL_VC_VL_##SUF;                                                \
-    V a00 = {0}, a01 = {0}, a02 = {0}, a10 = {0}, a11 = {0}, a12 = {0};              \
-    V a20 = {0}, a21 = {0}, a22 = {0}, a30 = {0}, a31 = {0}, a32 = {0};              \
-    V a40 = {0}, a41 = {0}, a42 = {0}, a50 = {0}, a51 = {0}, a52 = {0};              \
-    V a60 = {0}, a61 = {0}, a62 = {0}, a70 = {0}, a71 = {0}, a72 = {0};              \
-    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
-        const T *xp = xs[t] + xoff;                                                  \
-        const T *wp = w + t * ldw;                                                   \
-        V x0 = *(const V *)xp, x1 = *(const V *)(xp + L), x2 = *(const V *)(xp + 2 * L); \
-        a00 += wp[0] * x0; a01 += wp[0] * x1; a02 += wp[0] * x2;                     \
-        a10 += wp[1] * x0; a11 += wp[1] * x1; a12 += wp[1] * x2;                     \
-        a20 += wp[2] * x0; a21 += wp[2] * x1; a22 += wp[2] * x2;                     \
-        a30 += wp[3] * x0; a31 += wp[3] * x1; a32 += wp[3] * x2;                     \
-        a40 += wp[4] * x0; a41 += wp[4] * x1; a42 += wp[4] * x2;                     \
-        a50 += wp[5] * x0; a51 += wp[5] * x1; a52 += wp[5] * x2;                     \
-        a60 += wp[6] * x0; a61 += wp[6] * x1; a62 += wp[6] * x2;                     \
-        a70 += wp[7] * x0; a71 += wp[7] * x1; a72 += wp[7] * x2;                     \
-    }                                                                                \
-    if (bias) {                                                                      \
-        a00[0] += bias[0]; a10[0] += bias[1]; a20[0] += bias[2]; a30[0] += bias[3];  \
-        a40[0] += bias[4]; a50[0] += bias[5]; a60[0] += bias[6]; a70[0] += bias[7];  \
-    }                                                                                \
-    V *o;                                                                            \
-    o = (V *)(outs[0] + e0); o[0] = a00; *(V *)((T *)o + L) = a01; *(V *)((T *)o + 2 * L) = a02; \
-    o = (V *)(outs[1] + e0); o[0] = a10; *(V *)((T *)o + L) = a11; *(V *)((T *)o + 2 * L) = a12; \
-    o = (V *)(outs[2] + e0); o[0] = a20; *(V *)((T *)o + L) = a21; *(V *)((T *)o + 2 * L) = a22; \
-    o = (V *)(outs[3] + e0); o[0] = a30; *(V *)((T *)o + L) = a31; *(V *)((T *)o + 2 * L) = a32; \
-    o = (V *)(outs[4] + e0); o[0] = a40; *(V *)((T *)o + L) = a41; *(V *)((T *)o + 2 * L) = a42; \
-    o = (V *)(outs[5] + e0); o[0] = a50; *(V *)((T *)o + L) = a51; *(V *)((T *)o + 2 * L) = a52; \
-    o = (V *)(outs[6] + e0); o[0] = a60; *(V *)((T *)o + L) = a61; *(V *)((T *)o + 2 * L) = a62; \
-    o = (V *)(outs[7] + e0); o[0] = a70; *(V *)((T *)o + L) = a71; *(V *)((T *)o + 2 * L) = a72; \
-}                                                                                    \
-                                                                                     \
-/* An OB x (2 vectors) block, for the end of E. */                                  \
-static inline void cypool_vc_tile_two_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
-        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias)                                                               \
-{                                                                                    \
-    typedef cypool_vc_v_##SUF V;                                                     \
-    const int L = CYPOOL_VC_VL_##SUF;                                                \
-    V a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0}; \
-    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
-        const T *xp = xs[t] + xoff;                                                  \
-        const T *wp = w + t * ldw;                                                   \
-        V x0 = *(const V *)xp, x1 = *(const V *)(xp + L);                            \
-        a00 += wp[0] * x0; a01 += wp[0] * x1;                                        \
-        a10 += wp[1] * x0; a11 += wp[1] * x1;                                        \
-        a20 += wp[2] * x0; a21 += wp[2] * x1;                                        \
-        a30 += wp[3] * x0; a31 += wp[3] * x1;                                        \
-    }                                                                                \
-    if (bias) { a00[0] += bias[0]; a10[0] += bias[1]; a20[0] += bias[2]; a30[0] += bias[3]; } \
-    *(V *)(outs[0] + e0) = a00; *(V *)(outs[0] + e0 + L) = a01;                      \
-    *(V *)(outs[1] + e0) = a10; *(V *)(outs[1] + e0 + L) = a11;                      \
-    *(V *)(outs[2] + e0) = a20; *(V *)(outs[2] + e0 + L) = a21;                      \
-    *(V *)(outs[3] + e0) = a30; *(V *)(outs[3] + e0 + L) = a31;                      \
-}                                                                                    \
-                                                                                     \
-/* An OB x (half a vector) block: the end of E, and all of a small E, in    \
- * the AVX-512 build (8 floats or 4 doubles). */                              \
-static inline void cypool_vc_tile_half_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
-        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias)                                                               \
-{                                                                                    \
-    typedef T H __attribute__((vector_size(CYPOOL_VC_VBYTES / 2), aligned(sizeof(T)))); \
-    H a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                        \
-    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
-        H x0 = *(const H *)(xs[t] + xoff);                                           \
-        const T *wp = w + t * ldw;                                                   \
-        a0 += wp[0] * x0; a1 += wp[1] * x0; a2 += wp[2] * x0; a3 += wp[3] * x0;      \
-    }                                                                                \
-    if (bias) { a0[0] += bias[0]; a1[0] += bias[1]; a2[0] += bias[2]; a3[0] += bias[3]; } \
-    *(H *)(outs[0] + e0) = a0; *(H *)(outs[1] + e0) = a1;                            \
-    *(H *)(outs[2] + e0) = a2; *(H *)(outs[3] + e0) = a3;                            \
-}                                                                                    \
-                                                                                     \
-/* An OB x (1 vector) block, for the end of E. */            \
-static inline void cypool_vc_tile_one_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
-        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias)                                                               \
-{                                                                                    \
-    typedef cypool_vc_v_##SUF V;                                                     \
-    V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                        \
-    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
-        V x0 = *(const V *)(xs[t] + xoff);                                           \
-        const T *wp = w + t * ldw;                                                   \
-        a0 += wp[0] * x0; a1 += wp[1] * x0; a2 += wp[2] * x0; a3 += wp[3] * x0;      \
-    }                                                                                \
-    if (bias) { a0[0] += bias[0]; a1[0] += bias[1]; a2[0] += bias[2]; a3[0] += bias[3]; } \
-    *(V *)(outs[0] + e0) = a0; *(V *)(outs[1] + e0) = a1;                            \
-    *(V *)(outs[2] + e0) = a2; *(V *)(outs[3] + e0) = a3;                            \
-}                                                                                    \
+CYPOOL_VC_TILE(cypool_vc_tile_full_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C3) \
+CYPOOL_VC_TILE(cypool_vc_tile_full8_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R8, CYPOOL_VC_C3) \
+CYPOOL_VC_TILE(cypool_vc_tile_two_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C2) \
+CYPOOL_VC_TILE(cypool_vc_tile_one_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C1) \
+/* Half a vector (8 floats or 4 doubles): the end of E, and all of a small  \
+ * E, in the AVX-512 build. */                                                \
+CYPOOL_VC_TILE(cypool_vc_tile_half_##SUF, T, cypool_vc_h_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C1) \
                                                                                      \
 /* gw[o * ldgw + tap[t]] += dot(gs[o][:E], xs[t][:E]), full OB x TB block. */       \
 static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const *xs, \
@@ -189,7 +105,7 @@ static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const 
         g = *(const V *)(g2 + e); a20 += g * u; a21 += g * v;                        \
         g = *(const V *)(g3 + e); a30 += g * u; a31 += g * v;                        \
     }                                                                                \
-    typedef T H __attribute__((vector_size(CYPOOL_VC_VBYTES / 2), aligned(sizeof(T)))); \
+    typedef cypool_vc_h_##SUF H;                                                     \
     H h[4][2] = {{{0}}};                                                             \
     if (CYPOOL_VC_HALF_TAIL && e + L / 2 <= E) {                                     \
         H u = *(const H *)(x0 + e), v = *(const H *)(x1 + e);                        \
