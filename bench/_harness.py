@@ -1,9 +1,9 @@
 """Timing harness shared by the benchmarks.
 
 The machines this runs on are noisy, so every comparison is:
-* interleaved: each repeat times every peer once, in turn (after untimed
-  calls of the same peer, at least WARM_UP seconds of them), so that drift
-  and neighbours' load hit all peers alike;
+* interleaved: each repeat times every peer once, in turn (after a pause
+  and untimed calls of the same peer, at least WARM_UP_AFTER_PAUSE seconds
+  of them), so that drift and neighbours' load hit all peers alike;
 * a median over the repeats;
 * reported as ratios to cypool, measured in the same run on the same thread
   count (torch.set_num_threads, numba.set_num_threads and cypool's
