@@ -25,9 +25,7 @@ ARGMAX_QUICK = [(4, 16, 64, 64)]
 
 def runnable_levels():
     """Built levels this CPU runs, best first."""
-    feats = _backend._cpu_features()
-    return [name for name, needs in _backend.LEVELS
-            if name in _backend.AVAILABLE_ISAS and all(feats.get(f, False) for f in needs)]
+    return list(_backend.RUNNABLE_ISAS)
 
 
 def at_level(level, fn):

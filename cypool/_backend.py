@@ -18,6 +18,7 @@ thread policy is the same everywhere:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
 import numpy as np
@@ -57,11 +58,16 @@ def _cpu_features() -> dict:
     return mod.__cpu_features__
 
 
+def _built(name) -> bool:
+    """Whether the variant's module exists, without importing it: a module
+    built for a level the CPU lacks may run that level's instructions as it
+    is imported (gcc uses AVX-512 moves in the x86-64-v4 module's own
+    initialisation), so only a level the CPU runs is ever imported."""
+    return importlib.util.find_spec(f"cypool._kernels_{name}") is not None
+
+
 def _load(name):
-    try:
-        return importlib.import_module(f"cypool._kernels_{name}")
-    except ImportError:
-        return None
+    return importlib.import_module(f"cypool._kernels_{name}")
 
 
 def missing_features(level: str, feats: dict) -> list:
@@ -72,7 +78,7 @@ def missing_features(level: str, feats: dict) -> list:
 def _choose():
     """(name of the chosen level, its module, names of the variants built,
     whether the level was forced)."""
-    built = [name for name, _ in LEVELS if _load(name) is not None]
+    built = [name for name, _ in LEVELS if _built(name)]
     if not built:
         raise ImportError("cypool: no compiled kernels found; was the package built?")
     feats = _cpu_features()
@@ -91,6 +97,8 @@ def _choose():
 
 
 ISA, kernels, AVAILABLE_ISAS, _FORCED = _choose()
+# The variants built that this CPU runs: the only ones that may be imported.
+RUNNABLE_ISAS = [n for n in AVAILABLE_ISAS if not missing_features(n, _cpu_features())]
 _ORDER = [name for name, _ in LEVELS]
 
 

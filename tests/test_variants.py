@@ -2,6 +2,9 @@
 the same results (the tests elsewhere run the variant chosen at import;
 CI also runs them all with CYPOOL_ISA=baseline)."""
 import importlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,7 +27,7 @@ def test_show_config_reports_the_choice(capsys):
     assert f"cypool kernels: {_backend.ISA}" in out and "OpenMP" in out
 
 
-@pytest.mark.parametrize("isa", _backend.AVAILABLE_ISAS)
+@pytest.mark.parametrize("isa", _backend.RUNNABLE_ISAS)
 def test_variant_matches_reference(rng, isa):
     mod = importlib.import_module(f"cypool._kernels_{isa}")
     for shape, (k, s, p) in [((2, 3, 13, 17), (2, 2, 0)), ((2, 3, 13, 17), (3, 1, 1)),
@@ -59,7 +62,7 @@ def test_capped_kernels_run_at_most_avx2_unless_forced():
     assert _backend.isa_for("vector_conv2d_forward") == _backend.ISA
 
 
-@pytest.mark.parametrize("isa", _backend.AVAILABLE_ISAS)
+@pytest.mark.parametrize("isa", _backend.RUNNABLE_ISAS)
 def test_variant_convolution_matches_reference(rng, isa, monkeypatch):
     # Every tile width of every variant: E from 1 to past three 16-float
     # vectors, with ends of 1, 8 and 16 values; O not a multiple of 4.
@@ -100,3 +103,46 @@ def test_forced_level_error_names_the_variable(monkeypatch):
         pytest.skip("no AVX-512 variant in this build")
     with pytest.raises(ImportError, match="CYPOOL_ISA=.avx512., but this CPU lacks .*AVX512F"):
         _backend._choose()
+
+
+# Import cypool in a fresh process whose numpy reports the CPU without some
+# features (numpy's feature dict is patched before cypool reads it), then
+# list the kernel modules that were imported and the level chosen.
+_LACKING = """
+import sys
+import numpy as np
+try:
+    feats = np._core._multiarray_umath.__cpu_features__
+except AttributeError:
+    feats = np.core._multiarray_umath.__cpu_features__
+for f in sys.argv[1:]:
+    feats[f] = False
+import cypool
+from cypool import _backend
+x = np.arange(2 * 3 * 8 * 8, dtype=np.float32).reshape(2, 3, 8, 8)
+out, idx = cypool.max_pool2d(x, 3, 1, 1, return_indices=True)
+assert out.shape == (2, 3, 8, 8)
+print(_backend.ISA, sorted(m for m in sys.modules if m.startswith("cypool._kernels_")))
+"""
+
+
+@pytest.mark.parametrize("lacks", [("AVX512F",), ("AVX2", "AVX512F")])
+def test_import_never_loads_a_variant_the_cpu_lacks(lacks):
+    # Importing the x86-64-v4 module runs AVX-512 instructions (gcc uses
+    # them in its initialisation), so on a CPU without them even importing
+    # it to see whether it was built stops the process with SIGILL.
+    env = {k: v for k, v in os.environ.items() if k != _backend.ISA_ENV}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_backend.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", _LACKING, *lacks],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    isa, loaded = res.stdout.split(" ", 1)
+    if _backend.AVAILABLE_ISAS == ["native"]:
+        assert isa == "native"
+        return
+    assert isa == ("avx2" if lacks == ("AVX512F",) and "avx2" in _backend.AVAILABLE_ISAS
+                   else "baseline")
+    for level in ("avx512", "avx2"):
+        if _backend.missing_features(level, {f: f not in lacks for f in dict(_backend.LEVELS)[level]}):
+            assert f"cypool._kernels_{level}" not in loaded
