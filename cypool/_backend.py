@@ -117,6 +117,39 @@ def module_for(name: str):
     return _load(isa_for(name))
 
 
+def _last_level_cache() -> int:
+    """Bytes of the largest CPU cache (Linux sysfs), or 32 MiB if unknown."""
+    best = 0
+    folder = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for name in os.listdir(folder):
+            with open(os.path.join(folder, name, "size")) as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KM")) * scale)
+    except (OSError, ValueError):
+        pass
+    return best or 32 << 20
+
+
+LAST_LEVEL_CACHE = _last_level_cache()
+
+
+def streams(nbytes: int) -> bool:
+    """Whether a call that reads and writes nbytes in all should write its
+    max-pool indices with streaming stores, past the caches.
+
+    Only the backward pass reads the indices. When the call's data cannot
+    all stay in the last-level cache anyway, streaming them saves reading
+    each destination line first and keeps the input and output cached for
+    the next layer: measured here (32 MiB L3), 3x3/stride-1 pooling of
+    [16, 256, 28, 28] (51 MB) took 2-20% less time. Below that size plain
+    stores win, as repeated calls find their indices still in the cache
+    ([8, 256, 28, 28]: streaming 5% slower).
+    """
+    return nbytes > LAST_LEVEL_CACHE
+
+
 # Elements (of input plus output) below which a call runs serially. About
 # 20-40 microseconds of single-threaded work on a current x86-64 core.
 SERIAL_BELOW = 1 << 16

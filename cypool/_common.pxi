@@ -6,7 +6,7 @@
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memset, memcpy
 from libc.math cimport INFINITY
-from libc.stdint cimport INT32_MIN, INT64_MIN
+from libc.stdint cimport INT32_MIN, INT64_MIN, INT32_MAX, INT64_MAX
 from libc.stdlib cimport malloc, calloc, free
 from cython.parallel cimport prange, parallel, threadid
 
@@ -54,6 +54,18 @@ cdef inline value_t _lowest(value_t* like) noexcept nogil:
         return INT32_MIN
     else:
         return INT64_MIN
+
+
+cdef inline value_t _highest(value_t* like) noexcept nogil:
+    """The value no other exceeds: +inf for floats, the maximum for integers."""
+    if value_t is float:
+        return INFINITY
+    elif value_t is double:
+        return INFINITY
+    elif value_t is int32_t:
+        return INT32_MAX
+    else:
+        return INT64_MAX
 
 
 cdef int _last_team = 1

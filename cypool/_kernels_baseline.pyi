@@ -8,7 +8,7 @@ __test__: dict[str, str]  # Cython adds it for doctests
 
 def max_pool2d_forward(
     x: NDArray, out: NDArray, indices: NDArray, with_indices: bool, scalar_only: bool,
-    kh: int, kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int, num_threads: int,
+    stream_indices: bool, kh: int, kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int, num_threads: int,
 ) -> None: ...
 def max_pool2d_backward(
     grad_output: NDArray, indices: NDArray, grad_input: NDArray, OW: int, W: int, num_threads: int

@@ -19,7 +19,9 @@
 #   * a window's "code" is the int32 offset of the winning tap from the window
 #     origin, turned into the int64 (or int32) flat index at the end of the row.
 # 3x3/stride 1/padding 1 on planes with short rows runs the separable scan
-# over the whole plane as one flat loop instead (_pool_plane_flat3).
+# over the whole plane as one flat loop instead (_pool_plane_flat3); when the
+# caller asks (stream_indices: the call's data exceed the last-level cache),
+# that path writes its indices with streaming stores.
 # Planes of 2**31 elements or more take the scalar window loop instead.
 #
 # Backward scatter-adds each plane's gradients into a zeroed plane, after one
@@ -34,6 +36,10 @@
 DEF _FLAT3_MAX_W = 39
 DEF _FLAT3_MAX = 16384
 
+cdef extern from "_simd.h" nogil:
+    void cypool_stream_copy(void* dst, const void* src, size_t n)
+    void cypool_stream_fence()
+
 
 cdef struct PoolGeom:
     Py_ssize_t H, W, OH, OW
@@ -43,6 +49,7 @@ cdef struct PoolGeom:
     bint direct_cols       # rows need no column padding: read the plane itself
     bint separable3        # 3x3, no dilation, stride 1 or 2 along rows
     bint flat3             # 3x3, stride 1, padding 1, no dilation, small plane
+    bint stream_idx        # flat 3x3: indices go through ibuf and streaming stores
 
 
 cdef inline Py_ssize_t _ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -171,6 +178,7 @@ cdef struct Workspace:
                            # (flat 3x3: H + 2 rows of W, padding rows first and last)
     int32_t* hcode         # ... and their column codes
     Py_ssize_t htag[4]     # input row held by each slot (-1: none, -2: padding row)
+    void* ibuf             # flat 3x3 with stream_idx: one plane of indices
 
 
 cdef inline size_t _round_up(size_t n) noexcept nogil:
@@ -194,7 +202,9 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     cdef size_t off_hval = off_ring + _round_up(n_ring * itemsize)
     cdef size_t off_hcode = off_hval + _round_up(n_h * itemsize)
     cdef size_t off_code = off_hcode + _round_up(n_h * sizeof(int32_t))
-    cdef char* block = <char*>malloc(off_code + g.OW * sizeof(int32_t))
+    cdef size_t off_ibuf = off_code + _round_up(g.OW * sizeof(int32_t))
+    cdef size_t n_ibuf = g.H * g.W * sizeof(int64_t) if g.stream_idx else 0
+    cdef char* block = <char*>malloc(off_ibuf + n_ibuf)
     cdef Workspace* ws = <Workspace*>block
     if block == NULL:
         return NULL
@@ -204,6 +214,7 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     ws.code = <int32_t*>(block + off_code)
     ws.hval = <void*>(block + off_hval)
     ws.hcode = <int32_t*>(block + off_hcode)
+    ws.ibuf = <void*>(block + off_ibuf) if n_ibuf else NULL
     for q in range(4):
         ws.htag[q] = -1
     for q in range(<Py_ssize_t>n_ring):
@@ -323,9 +334,15 @@ cdef inline void _row_k3_separable(const value_t* xp, const value_t* low_row, Wo
 # whole plane as one flat vectorised loop, with no per-row loop to pay for on
 # short rows (28 wide: 3 AVX2 iterations and a tail per row otherwise):
 #   * horizontal: taps p - 1, p, p + 1 of the flat plane; lmask/rmask say
-#     whether the left/right taps are in the same row (else padding);
+#     whether the left/right taps are in the same row (else padding). It
+#     stores each row maximum with the flat input index it came from, so the
+#     vertical pass selects indices and does no index arithmetic;
 #   * vertical: over a buffer of H + 2 rows whose first and last rows are
 #     padding, taps p, p + W, p + 2W.
+# Each pass has two versions: one for planes without NaN, one compare and
+# two selects a tap, and the NaN-aware one (_pick), about twice the work.
+# The horizontal pass reports whether the plane holds a NaN; if so, it is
+# redone by the NaN-aware versions.
 
 cdef inline void _flat3_h_at(const value_t* x, Py_ssize_t p, Py_ssize_t W,
                              value_t* hv, int32_t* hc, value_t low) noexcept nogil:
@@ -336,21 +353,53 @@ cdef inline void _flat3_h_at(const value_t* x, Py_ssize_t p, Py_ssize_t W,
     cdef bint ok = m == m
     m = _pick(x[p], m, 1, &k, &ok)
     hv[p] = _pick(x[p + 1] if w < W - 1 else low, m, 2, &k, &ok)
-    hc[p] = k
+    hc[p] = <int32_t>p - 1 + k
+
+
+cdef inline bint _flat3_h_fast(const value_t* x, const value_t* lcap,
+                               const value_t* rcap, value_t* hv, int32_t* hc,
+                               Py_ssize_t lo, Py_ssize_t hi, value_t low) noexcept nogil:
+    """Horizontal scan at flat positions [lo, hi), 0 < lo, hi < H*W, for a
+    plane without NaN: the first maximum of the three taps, starting from
+    the left tap (or from low with the centre tap's index, in the left
+    padding). Returns whether some x[p], lo <= p < hi, is NaN: then the
+    results are wrong and the plane must take _flat3_h."""
+    cdef Py_ssize_t p
+    cdef value_t a, c, m, cap
+    cdef int32_t k, q = <int32_t>lo, nan = 0
+    for p in range(lo, hi):
+        # The padding taps are capped (min with -inf) rather than selected:
+        # gcc turns "load if in the row else low" into a masked load
+        # (VMASKMOVPS), slow here. Without NaN, min(a, +inf) is a. q counts
+        # in int32 beside p: derived from p, it is computed in int64.
+        a = x[p - 1]
+        c = x[p]
+        nan |= -<int32_t>(c != c)
+        cap = lcap[p]
+        m = a if a < cap else cap
+        k = q - <int32_t>(cap > low)
+        k = q if c > m else k
+        m = c if c > m else m
+        a = x[p + 1]
+        cap = rcap[p]
+        a = a if a < cap else cap
+        hc[p] = q + 1 if a > m else k
+        hv[p] = a if a > m else m
+        q += 1
+    return nan != 0
 
 
 cdef inline void _flat3_h(const value_t* x, const int32_t* lmask, const int32_t* rmask,
                           value_t* hv, int32_t* hc, Py_ssize_t lo, Py_ssize_t hi,
                           value_t low) noexcept nogil:
-    """Horizontal scan at flat positions [lo, hi), 0 < lo, hi < H*W: the
-    first maximum of the three taps, starting from the left tap (or from low
-    with the code of the centre tap, in the left padding)."""
+    """_flat3_h_fast for any plane: NaN counts as the maximum, the first
+    NaN wins."""
     cdef Py_ssize_t p
     cdef value_t a, m
     cdef int32_t k
     cdef bint ok, left
     for p in range(lo, hi):
-        a = x[p - 1]             # unconditional loads, then selects: vectorises
+        a = x[p - 1]
         left = lmask[p] != 0
         m = a if left else low
         k = 1 - lmask[p]
@@ -358,37 +407,58 @@ cdef inline void _flat3_h(const value_t* x, const int32_t* lmask, const int32_t*
         m = _pick(x[p], m, 1, &k, &ok)
         a = x[p + 1]
         hv[p] = _pick(a if rmask[p] != 0 else low, m, 2, &k, &ok)
-        hc[p] = k
+        hc[p] = <int32_t>p - 1 + k
+
+
+cdef inline void _flat3_v_fast(const value_t* hvb, const int32_t* hcb, value_t* op,
+                               index_t* ip, Py_ssize_t n, Py_ssize_t W) noexcept nogil:
+    """Vertical scan of a plane without NaN: rows r - 1, r, r + 1 of the
+    horizontal results are rows r, r + 1, r + 2 of the padded buffer."""
+    cdef Py_ssize_t p
+    cdef value_t m, v
+    cdef int32_t k, t
+    if ip != NULL:
+        for p in range(n):
+            # Index selects written as bit masks: "hcb[p + W] if v > m else
+            # k" becomes a masked load (VPMASKMOVD), slow here.
+            m = hvb[p]
+            k = hcb[p]
+            v = hvb[p + W]
+            t = -<int32_t>(v > m)
+            k = (hcb[p + W] & t) | (k & ~t)
+            m = v if v > m else m
+            v = hvb[p + 2 * W]
+            t = -<int32_t>(v > m)
+            ip[p] = <index_t>((hcb[p + 2 * W] & t) | (k & ~t))
+            op[p] = v if v > m else m
+    else:
+        for p in range(n):
+            m = hvb[p]
+            v = hvb[p + W]
+            m = v if v > m else m
+            v = hvb[p + 2 * W]
+            op[p] = v if v > m else m
 
 
 cdef inline void _flat3_v(const value_t* hvb, const int32_t* hcb, value_t* op,
                           index_t* ip, Py_ssize_t n, Py_ssize_t W) noexcept nogil:
-    """Vertical scan: rows r - 1, r, r + 1 of the horizontal results are rows
-    r, r + 1, r + 2 of the padded buffer; index = origin + code, with the
-    window origin (r - 1, c - 1) at flat offset p - W - 1."""
+    """_flat3_v_fast for any plane (NaN-aware picks)."""
     cdef Py_ssize_t p
     cdef value_t m
-    cdef int32_t k, W32 = <int32_t>W, origin
+    cdef int32_t k
     cdef bint ok
-    if ip != NULL:
-        for p in range(n):
-            m = hvb[p]
-            k = hcb[p]
-            ok = m == m
-            m = _pick(hvb[p + W], m, W32 + hcb[p + W], &k, &ok)
-            op[p] = _pick(hvb[p + 2 * W], m, 2 * W32 + hcb[p + 2 * W], &k, &ok)
-            ip[p] = <index_t>(<int32_t>p - W32 - 1 + k)
-    else:
-        for p in range(n):
-            m = hvb[p]
-            k = hcb[p]
-            ok = m == m
-            m = _pick(hvb[p + W], m, W32 + hcb[p + W], &k, &ok)
-            op[p] = _pick(hvb[p + 2 * W], m, 2 * W32 + hcb[p + 2 * W], &k, &ok)
+    for p in range(n):
+        m = hvb[p]
+        k = hcb[p]
+        ok = m == m
+        m = _pick(hvb[p + W], m, hcb[p + W], &k, &ok)
+        op[p] = _pick(hvb[p + 2 * W], m, hcb[p + 2 * W], &k, &ok)
+        if ip != NULL:
+            ip[p] = <index_t>k
 
 
 cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
-                                   const int32_t* lmask, Workspace* ws,
+                                   const int32_t* lmask, const value_t* caps, Workspace* ws,
                                    const PoolGeom* g) noexcept nogil:
     """Max-pool one small plane with a 3x3 window, stride 1, padding 1."""
     cdef Py_ssize_t W = g.W, HW = g.H * g.W, w
@@ -397,16 +467,26 @@ cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
     cdef int32_t* hcb = ws.hcode
     cdef value_t* hv = hvb + W
     cdef int32_t* hc = hcb + W
+    # Indices to stream are written to the workspace first, then copied.
+    cdef index_t* iq = <index_t*>ws.ibuf if (ip != NULL and g.stream_idx) else ip
+    cdef bint nan = xp[0] != xp[0] or xp[HW - 1] != xp[HW - 1]
     _flat3_h_at(xp, 0, W, hv, hc, low)
     if HW > 1:
-        _flat3_h(xp, lmask, lmask + HW, hv, hc, 1, HW - 1, low)
+        nan |= _flat3_h_fast(xp, caps, caps + HW, hv, hc, 1, HW - 1, low)
+        if nan:
+            _flat3_h(xp, lmask, lmask + HW, hv, hc, 1, HW - 1, low)
         _flat3_h_at(xp, HW - 1, W, hv, hc, low)
-    # Top padding row: never takes over, and keeps the code the first valid
-    # row would give, so an all-lowest window still points at a valid tap.
+    # Top padding row: never takes over, and holds the index the first
+    # valid row gives, so an all-lowest window still points at a valid tap.
     for w in range(W):
         hvb[w] = low
-        hcb[w] = <int32_t>W + hc[w]
-    _flat3_v(hvb, hcb, op, ip, HW, W)
+        hcb[w] = hc[w]
+    if nan:
+        _flat3_v(hvb, hcb, op, iq, HW, W)
+    else:
+        _flat3_v_fast(hvb, hcb, op, iq, HW, W)
+    if iq != ip:
+        cypool_stream_copy(ip, iq, HW * sizeof(index_t))
 
 
 cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
@@ -452,10 +532,11 @@ cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
 
 cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
                            const value_t* low_row, const int32_t* kcol, const int32_t* lmask,
-                           Workspace* ws, const PoolGeom* g, bint scalar_only) noexcept nogil:
+                           const value_t* caps, Workspace* ws, const PoolGeom* g,
+                           bint scalar_only) noexcept nogil:
     """Pool one plane into op/ip (ip may be NULL) on the path its geometry takes."""
     if g.flat3:
-        _pool_plane_flat3(xp, op, ip, lmask, ws, g)
+        _pool_plane_flat3(xp, op, ip, lmask, caps, ws, g)
     else:
         _pool_plane(xp, op, ip, low_row, kcol, ws, g, scalar_only)
 
@@ -463,7 +544,7 @@ cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
 def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                        value_t[:, :, ::1] out,         # OUT (P, OH, OW)
                        index_t[:, :, ::1] indices,     # OUT (P, OH, OW), ignored unless with_indices
-                       bint with_indices, bint scalar_only,
+                       bint with_indices, bint scalar_only, bint stream_indices,
                        Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                        Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw,
                        int num_threads):
@@ -471,6 +552,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     cdef Py_ssize_t P = x.shape[0], p, ow, j_lo, j_hi, n_low
     cdef value_t low = _lowest(<value_t*>NULL)
     cdef value_t* low_row = NULL
+    cdef value_t* caps = NULL
     cdef int32_t* kcol = NULL
     cdef int32_t* lmask = NULL
     cdef Py_ssize_t n_mask
@@ -490,23 +572,31 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     g.flat3 = (g.separable3 and sh == 1 and sw == 1 and ph == 1 and pw == 1
                and not scalar_only and g.W <= _FLAT3_MAX_W
                and (g.H + 2) * g.W <= _FLAT3_MAX)
+    g.stream_idx = g.flat3 and with_indices and stream_indices
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
     # Read-only, shared by all threads: a row of lowest values and the code
     # of each column's first valid tap (nonzero only where it starts in the
     # left padding); for the flat 3x3 path, whether each position of a plane
-    # has a left and a right neighbour in its row.
+    # has a left and a right neighbour in its row (lmask, then rmask), and
+    # the same as caps: the highest value where it has, else the lowest.
     n_low = max(g.Wp, g.W)
     n_mask = 2 * g.H * g.W if g.flat3 else 0
-    low_row = <value_t*>malloc(n_low * sizeof(value_t)
+    low_row = <value_t*>malloc((n_low + n_mask) * sizeof(value_t)
                                + (g.OW + n_mask) * sizeof(int32_t))
     if low_row == NULL:
         raise MemoryError("cypool.max_pool2d: out of memory")
-    kcol = <int32_t*>(low_row + n_low)
+    caps = low_row + n_low
+    kcol = <int32_t*>(caps + n_mask)
     lmask = kcol + g.OW
-    for p in range(n_mask // 2):
-        lmask[p] = p % g.W != 0
-        lmask[n_mask // 2 + p] = p % g.W != g.W - 1
+    for p in range(n_mask):
+        caps[p] = _highest(<value_t*>NULL)
+        lmask[p] = 1
+    for p in range(0, n_mask // 2, g.W):
+        caps[p] = low
+        lmask[p] = 0
+        caps[n_mask // 2 + p + g.W - 1] = low
+        lmask[n_mask // 2 + p + g.W - 1] = 0
     for ow in range(n_low):
         low_row[ow] = low
     for ow in range(g.OW):
@@ -523,7 +613,9 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                 for p in range(P):
                     _pool_one(&x[p, 0, 0], &out[p, 0, 0],
                               &indices[p, 0, 0] if with_indices else NULL,
-                              low_row, kcol, lmask, ws, &g, scalar_only)
+                              low_row, kcol, lmask, caps, ws, &g, scalar_only)
+                if g.stream_idx:
+                    cypool_stream_fence()
                 _workspace_free(ws)
     else:
         with nogil, parallel(num_threads=num_threads):
@@ -535,7 +627,9 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                     _note_team()
                     _pool_one(&x[p, 0, 0], &out[p, 0, 0],
                               &indices[p, 0, 0] if with_indices else NULL,
-                              low_row, kcol, lmask, ws, &g, scalar_only)
+                              low_row, kcol, lmask, caps, ws, &g, scalar_only)
+                if g.stream_idx:
+                    cypool_stream_fence()
                 _workspace_free(ws)
     free(low_row)
     if failed[0]:

@@ -1,4 +1,6 @@
-/* Chunk maximum for the argmax kernel (cypool/_argmax.pxi).
+/* The loops gcc does not vectorise well from Cython, written with
+ * intrinsics: the chunk maximum of the argmax kernel (cypool/_argmax.pxi)
+ * and, at the end, the streaming copy of the max-pool indices.
  *
  * gcc 12 does not vectorise a NaN-aware max over lanes written in Cython, so
  * this one loop is written with intrinsics: AVX2 in the x86-64-v3 build,
@@ -12,6 +14,8 @@
 #define CYPOOL_SIMD_H
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 #ifdef _MSC_VER
 #include <intrin.h>
 static inline int cypool_ctz(unsigned m) { unsigned long i; _BitScanForward(&i, m); return (int)i; }
@@ -236,4 +240,46 @@ CYPOOL_FIRST(double, cypool_first_f64)
 CYPOOL_CHUNK_MAX(float, cypool_chunk_max_f32)
 CYPOOL_CHUNK_MAX(double, cypool_chunk_max_f64)
 #endif
+/* Non-temporal copy, for outputs written once and not read again soon
+ * (max-pool indices: only the backward pass reads them). The stores skip
+ * the cache: they do not read the destination lines first, and they do not
+ * evict what the next layer reads. Only whole 64-byte lines are streamed;
+ * the partial lines at both ends take plain stores (a line written both
+ * ways is flushed half-written). The streamed bytes are visible to other
+ * threads only after cypool_stream_fence(), which each thread calls once
+ * after its last copy (a fence per copy serialises the stores). */
+#if defined(__AVX2__)
+#define CYPOOL_STREAM_VEC 32
+#define CYPOOL_STREAM_STORE(d, s) \
+    _mm256_stream_si256((__m256i *)(d), _mm256_loadu_si256((const __m256i *)(s)))
+#elif defined(__SSE2__) || defined(_M_X64)
+#define CYPOOL_STREAM_VEC 16
+#define CYPOOL_STREAM_STORE(d, s) \
+    _mm_stream_si128((__m128i *)(d), _mm_loadu_si128((const __m128i *)(s)))
+#endif
+static inline void cypool_stream_copy(void *dst, const void *src, size_t n)
+{
+#ifdef CYPOOL_STREAM_VEC
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    size_t head = (64 - (uintptr_t)d % 64) % 64, v;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    d += head; s += head; n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64)
+        for (v = 0; v < 64; v += CYPOOL_STREAM_VEC)
+            CYPOOL_STREAM_STORE(d + v, s + v);
+    memcpy(d, s, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static inline void cypool_stream_fence(void)
+{
+#ifdef CYPOOL_STREAM_VEC
+    _mm_sfence();
+#endif
+}
+
 #endif

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
-from ._backend import kernel, threads_for
+from ._backend import kernel, streams, threads_for
 
 __all__ = ["max_pool2d", "max_pool2d_backward", "max_unpool2d"]
 
@@ -76,8 +76,9 @@ def max_pool2d(
     out = np.empty((P, OH, OW), dtype=kd)
     idx = np.empty((P, OH, OW) if return_indices else (1, 1, 1), dtype=idt)
     threads = threads_for(nt, planes.size + out.size, P)
+    stream = return_indices and streams(planes.nbytes + out.nbytes + idx.nbytes)
     kernel("max_pool2d_forward", kd, idt)(
-        planes, out, idx, bool(return_indices), H * W >= chk.INT32_LIMIT,
+        planes, out, idx, bool(return_indices), H * W >= chk.INT32_LIMIT, stream,
         kh, kw, sh, sw, ph, pw, dh, dw, threads,
     )
     shape = x.shape[:-2] + (OH, OW)

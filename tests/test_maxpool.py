@@ -75,14 +75,17 @@ def test_specialised_paths(rng, case, dtype):
             assert_same(idx, ridx)
 
 
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 2, 1, 7), (2, 1, 7, 1), (2, 3, 28, 28),
                                    (1, 2, 5, 39), (1, 2, 5, 40), (1, 1, 500, 30)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
-def test_3x3_stride1_pad1_flat_path(rng, shape, dtype):
+def test_3x3_stride1_pad1_flat_path(rng, shape, dtype, stream, monkeypatch):
     """3x3/s1/p1 ("same") pooling runs over small planes as one flat loop
     with row-edge masks; rows of 40 and more, and (1, 1, 500, 30) (above
     its size limit), take the row path. Edges, ties, specials and
-    all-lowest planes on both."""
+    all-lowest planes on both; indices written with plain stores and, as
+    for inputs larger than the cache, with streaming stores."""
+    monkeypatch.setattr(cypool.pooling, "streams", lambda nbytes: stream)
     for kind in ["plain", "ties", "specials", "lowest"]:
         x = ref.random_values(rng, shape, dtype, ties=kind == "ties",
                               specials=kind == "specials" and np.dtype(dtype).kind == "f")
@@ -96,6 +99,29 @@ def test_3x3_stride1_pad1_flat_path(rng, shape, dtype):
         assert_same(cypool.max_pool2d(x, 3, 1, 1), rout)
         _, idx32 = cypool.max_pool2d(x, 3, 1, 1, return_indices=True, index_dtype=np.int32)
         assert_same(idx32, ridx.astype(np.int32))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, monkeypatch):
+    """The flat 3x3 path scans a plane without NaN with plain compares and
+    redoes a plane holding one: a single NaN at the plane's first or last
+    element, at a row's first or last column or inside, among planes with
+    none (some with +-inf), and planes of 23 values, so that the index
+    planes of a batch start at every alignment."""
+    monkeypatch.setattr(cypool.pooling, "streams", lambda nbytes: stream)
+    for H, W in [(6, 7), (1, 23), (28, 28)]:
+        spots = [0, H * W - 1, W - 1, (H - 1) * W, H * W // 2]
+        x = rng.standard_normal((len(spots) + 3, 2, H, W)).astype(dtype)
+        x[-1, 0].flat[::3] = np.inf
+        x[-1, 1].flat[1::4] = -np.inf
+        for i, at in enumerate(spots):
+            x[i, i % 2].flat[at] = np.nan
+        rout, ridx = ref.max_pool2d(x, 3, 1, 1, 1, False)
+        for step in (1, 2):  # all planes, and a non-contiguous view
+            out, idx = cypool.max_pool2d(x[::step], 3, 1, 1, return_indices=True)
+            assert_same(out, rout[::step])
+            assert_same(idx, ridx[::step])
 
 
 def test_constant_and_all_minus_inf_planes_index_first_valid_tap():
@@ -170,7 +196,7 @@ def test_scalar_path_for_huge_planes_agrees(rng, trial):
         shape[2], shape[3], cfg["kernel_size"], cfg["stride"], cfg["padding"], cfg["dilation"], cfg["ceil_mode"])
     o2 = np.empty((planes.shape[0], OH, OW), planes.dtype)
     i2 = np.empty((planes.shape[0], OH, OW), np.int64)
-    module_for("max_pool2d_forward").max_pool2d_forward(planes, o2, i2, True, True, kh, kw, sh, sw, ph, pw, dh, dw, 1)
+    module_for("max_pool2d_forward").max_pool2d_forward(planes, o2, i2, True, True, False, kh, kw, sh, sw, ph, pw, dh, dw, 1)
     assert_same(o2.reshape(out.shape), out)
     assert_same(i2.reshape(idx.shape), idx)
 

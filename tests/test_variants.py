@@ -39,7 +39,7 @@ def test_variant_matches_reference(rng, isa):
             planes = np.ascontiguousarray(x).reshape(-1, *shape[2:])
             out = np.empty((planes.shape[0], OH, OW), x.dtype)
             idx = np.empty(out.shape, np.int64)
-            mod.max_pool2d_forward(planes, out, idx, True, False, kh, kw, sh, sw, ph, pw, dh, dw, 2)
+            mod.max_pool2d_forward(planes, out, idx, True, False, False, kh, kw, sh, sw, ph, pw, dh, dw, 2)
             rout, ridx = ref.max_pool2d(x, k, s, p)
             np.testing.assert_array_equal(out.reshape(rout.shape), rout)
             np.testing.assert_array_equal(idx.reshape(ridx.shape), ridx)
