@@ -38,6 +38,7 @@ DEF _FLAT3_MAX = 16384
 
 cdef extern from "_simd.h" nogil:
     void cypool_stream_copy(void* dst, const void* src, size_t n)
+    void cypool_stream_widen(int64_t* dst, const int32_t* src, size_t n)
     void cypool_stream_fence()
 
 
@@ -178,7 +179,7 @@ cdef struct Workspace:
                            # (flat 3x3: H + 2 rows of W, padding rows first and last)
     int32_t* hcode         # ... and their column codes
     Py_ssize_t htag[4]     # input row held by each slot (-1: none, -2: padding row)
-    void* ibuf             # flat 3x3 with stream_idx: one plane of indices
+    int32_t* ibuf          # flat 3x3 with stream_idx: one plane of indices
 
 
 cdef inline size_t _round_up(size_t n) noexcept nogil:
@@ -203,7 +204,7 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     cdef size_t off_hcode = off_hval + _round_up(n_h * itemsize)
     cdef size_t off_code = off_hcode + _round_up(n_h * sizeof(int32_t))
     cdef size_t off_ibuf = off_code + _round_up(g.OW * sizeof(int32_t))
-    cdef size_t n_ibuf = g.H * g.W * sizeof(int64_t) if g.stream_idx else 0
+    cdef size_t n_ibuf = g.H * g.W * sizeof(int32_t) if g.stream_idx else 0
     cdef char* block = <char*>malloc(off_ibuf + n_ibuf)
     cdef Workspace* ws = <Workspace*>block
     if block == NULL:
@@ -214,7 +215,7 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     ws.code = <int32_t*>(block + off_code)
     ws.hval = <void*>(block + off_hval)
     ws.hcode = <int32_t*>(block + off_hcode)
-    ws.ibuf = <void*>(block + off_ibuf) if n_ibuf else NULL
+    ws.ibuf = <int32_t*>(block + off_ibuf) if n_ibuf else NULL
     for q in range(4):
         ws.htag[q] = -1
     for q in range(<Py_ssize_t>n_ring):
@@ -467,8 +468,6 @@ cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
     cdef int32_t* hcb = ws.hcode
     cdef value_t* hv = hvb + W
     cdef int32_t* hc = hcb + W
-    # Indices to stream are written to the workspace first, then copied.
-    cdef index_t* iq = <index_t*>ws.ibuf if (ip != NULL and g.stream_idx) else ip
     cdef bint nan = xp[0] != xp[0] or xp[HW - 1] != xp[HW - 1]
     _flat3_h_at(xp, 0, W, hv, hc, low)
     if HW > 1:
@@ -481,12 +480,22 @@ cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
     for w in range(W):
         hvb[w] = low
         hcb[w] = hc[w]
+    if ip == NULL or not g.stream_idx:
+        if nan:
+            _flat3_v(hvb, hcb, op, ip, HW, W)
+        else:
+            _flat3_v_fast(hvb, hcb, op, ip, HW, W)
+        return
+    # Streamed indices: int32 into the workspace, then widened as they are
+    # streamed out (half the buffer traffic of int64 there).
     if nan:
-        _flat3_v(hvb, hcb, op, iq, HW, W)
+        _flat3_v(hvb, hcb, op, ws.ibuf, HW, W)
     else:
-        _flat3_v_fast(hvb, hcb, op, iq, HW, W)
-    if iq != ip:
-        cypool_stream_copy(ip, iq, HW * sizeof(index_t))
+        _flat3_v_fast(hvb, hcb, op, ws.ibuf, HW, W)
+    if index_t is int64_t:
+        cypool_stream_widen(ip, ws.ibuf, HW)
+    else:
+        cypool_stream_copy(ip, ws.ibuf, HW * sizeof(int32_t))
 
 
 cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,

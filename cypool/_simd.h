@@ -275,6 +275,34 @@ static inline void cypool_stream_copy(void *dst, const void *src, size_t n)
 #endif
 }
 
+/* dst[i] = src[i] for i < n, int32 to int64, streaming the whole 64-byte
+ * lines of dst as cypool_stream_copy does. */
+static inline void cypool_stream_widen(int64_t *dst, const int32_t *src, size_t n)
+{
+    size_t i = 0;
+#ifdef CYPOOL_STREAM_VEC
+    for (; i < n && (uintptr_t)(dst + i) % 64 != 0; i++)
+        dst[i] = src[i];
+    for (; i + 8 <= n; i += 8) {
+#if defined(__AVX2__)
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 4));
+        _mm256_stream_si256((__m256i *)(dst + i), _mm256_cvtepi32_epi64(a));
+        _mm256_stream_si256((__m256i *)(dst + i + 4), _mm256_cvtepi32_epi64(b));
+#else
+        for (size_t h = 0; h < 8; h += 4) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + i + h));
+            __m128i sign = _mm_srai_epi32(a, 31);
+            _mm_stream_si128((__m128i *)(dst + i + h), _mm_unpacklo_epi32(a, sign));
+            _mm_stream_si128((__m128i *)(dst + i + h + 2), _mm_unpackhi_epi32(a, sign));
+        }
+#endif
+    }
+#endif
+    for (; i < n; i++)
+        dst[i] = src[i];
+}
+
 static inline void cypool_stream_fence(void)
 {
 #ifdef CYPOOL_STREAM_VEC
