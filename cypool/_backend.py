@@ -135,19 +135,21 @@ def _last_level_cache() -> int:
 LAST_LEVEL_CACHE = _last_level_cache()
 
 
-def streams(nbytes: int) -> bool:
-    """Whether a call that reads and writes nbytes in all should write its
-    max-pool indices with streaming stores, past the caches.
+def streams(kept: int, write_once: int) -> bool:
+    """Whether a call should write its write-once output (max-pool indices,
+    read only by the backward pass) with streaming stores, past the caches.
 
-    Only the backward pass reads the indices. When the call's data cannot
-    all stay in the last-level cache anyway, streaming them saves reading
-    each destination line first and keeps the input and output cached for
-    the next layer: measured here (32 MiB L3), 3x3/stride-1 pooling of
-    [16, 256, 28, 28] (51 MB) took 2-20% less time. Below that size plain
-    stores win, as repeated calls find their indices still in the cache
-    ([8, 256, 28, 28]: streaming 5% slower).
+    kept: bytes of the data the call reads and of the outputs the next layer
+    reads; write_once: bytes of the write-once output. Streaming pays when
+    it is what keeps the rest in the last-level cache: kept fits there, and
+    kept plus write_once does not. Measured here (32 MiB L3, forward with
+    int64 indices): [16, 256, 28, 28] 3x3/s1 (25.7 + 25.7 MB) and
+    [32, 64, 56, 56] 2x2/s2 (32.1 + 12.8 MB) took 5-15% less time; below
+    the cache size plain stores win ([8, 256, 28, 28], 12.8 + 12.8 MB:
+    streaming 5% slower), and so they do where nothing stays cached anyway
+    ([32, 64, 112, 112] 3x3/s2, 128 + 51 MB: streaming 9% slower).
     """
-    return nbytes > LAST_LEVEL_CACHE
+    return kept <= LAST_LEVEL_CACHE < kept + write_once
 
 
 # Elements (of input plus output) below which a call runs serially. About

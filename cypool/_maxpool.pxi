@@ -19,9 +19,9 @@
 #   * a window's "code" is the int32 offset of the winning tap from the window
 #     origin, turned into the int64 (or int32) flat index at the end of the row.
 # 3x3/stride 1/padding 1 on planes with short rows runs the separable scan
-# over the whole plane as one flat loop instead (_pool_plane_flat3); when the
-# caller asks (stream_indices: the call's data exceed the last-level cache),
-# that path writes its indices with streaming stores.
+# over the whole plane as one flat loop instead (_pool_plane_flat3).
+# When the caller asks (stream_indices: the call's data exceed the
+# last-level cache), the indices are written with streaming stores.
 # Planes of 2**31 elements or more take the scalar window loop instead.
 #
 # Backward scatter-adds each plane's gradients into a zeroed plane, after one
@@ -35,6 +35,9 @@
 # two buffers stay in L2.
 DEF _FLAT3_MAX_W = 39
 DEF _FLAT3_MAX = 16384
+# The largest output plane whose indices are streamed (see _pool_one): its
+# int32 buffer (256 KiB) stays in L2.
+DEF _STREAM_MAX_PLANE = 65536
 
 cdef extern from "_simd.h" nogil:
     void cypool_stream_copy(void* dst, const void* src, size_t n)
@@ -50,7 +53,7 @@ cdef struct PoolGeom:
     bint direct_cols       # rows need no column padding: read the plane itself
     bint separable3        # 3x3, no dilation, stride 1 or 2 along rows
     bint flat3             # 3x3, stride 1, padding 1, no dilation, small plane
-    bint stream_idx        # flat 3x3: indices go through ibuf and streaming stores
+    bint stream_idx        # indices go through ibuf (int32) and streaming stores
 
 
 cdef inline Py_ssize_t _ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -179,7 +182,7 @@ cdef struct Workspace:
                            # (flat 3x3: H + 2 rows of W, padding rows first and last)
     int32_t* hcode         # ... and their column codes
     Py_ssize_t htag[4]     # input row held by each slot (-1: none, -2: padding row)
-    int32_t* ibuf          # flat 3x3 with stream_idx: one plane of indices
+    int32_t* ibuf          # with stream_idx: one output plane of indices
 
 
 cdef inline size_t _round_up(size_t n) noexcept nogil:
@@ -204,7 +207,7 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     cdef size_t off_hcode = off_hval + _round_up(n_h * itemsize)
     cdef size_t off_code = off_hcode + _round_up(n_h * sizeof(int32_t))
     cdef size_t off_ibuf = off_code + _round_up(g.OW * sizeof(int32_t))
-    cdef size_t n_ibuf = g.H * g.W * sizeof(int32_t) if g.stream_idx else 0
+    cdef size_t n_ibuf = g.OH * g.OW * sizeof(int32_t) if g.stream_idx else 0
     cdef char* block = <char*>malloc(off_ibuf + n_ibuf)
     cdef Workspace* ws = <Workspace*>block
     if block == NULL:
@@ -480,22 +483,10 @@ cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
     for w in range(W):
         hvb[w] = low
         hcb[w] = hc[w]
-    if ip == NULL or not g.stream_idx:
-        if nan:
-            _flat3_v(hvb, hcb, op, ip, HW, W)
-        else:
-            _flat3_v_fast(hvb, hcb, op, ip, HW, W)
-        return
-    # Streamed indices: int32 into the workspace, then widened as they are
-    # streamed out (half the buffer traffic of int64 there).
     if nan:
-        _flat3_v(hvb, hcb, op, ws.ibuf, HW, W)
+        _flat3_v(hvb, hcb, op, ip, HW, W)
     else:
-        _flat3_v_fast(hvb, hcb, op, ws.ibuf, HW, W)
-    if index_t is int64_t:
-        cypool_stream_widen(ip, ws.ibuf, HW)
-    else:
-        cypool_stream_copy(ip, ws.ibuf, HW * sizeof(int32_t))
+        _flat3_v_fast(hvb, hcb, op, ip, HW, W)
 
 
 cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
@@ -539,15 +530,32 @@ cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
                          g, h0 * W - g.pw, low, i_lo, i_hi)
 
 
-cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
-                           const value_t* low_row, const int32_t* kcol, const int32_t* lmask,
-                           const value_t* caps, Workspace* ws, const PoolGeom* g,
-                           bint scalar_only) noexcept nogil:
+cdef inline void _pool_path(const value_t* xp, value_t* op, index_t* ip,
+                            const value_t* low_row, const int32_t* kcol, const int32_t* lmask,
+                            const value_t* caps, Workspace* ws, const PoolGeom* g,
+                            bint scalar_only) noexcept nogil:
     """Pool one plane into op/ip (ip may be NULL) on the path its geometry takes."""
     if g.flat3:
         _pool_plane_flat3(xp, op, ip, lmask, caps, ws, g)
     else:
         _pool_plane(xp, op, ip, low_row, kcol, ws, g, scalar_only)
+
+
+cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
+                           const value_t* low_row, const int32_t* kcol, const int32_t* lmask,
+                           const value_t* caps, Workspace* ws, const PoolGeom* g,
+                           bint scalar_only) noexcept nogil:
+    """_pool_path, with the indices streamed out when g.stream_idx: pooled as
+    int32 into the workspace, then widened as they are streamed (a store
+    and a load per 8 indices in the workspace, not two of each)."""
+    if ip == NULL or not g.stream_idx:
+        _pool_path(xp, op, ip, low_row, kcol, lmask, caps, ws, g, scalar_only)
+        return
+    _pool_path(xp, op, ws.ibuf, low_row, kcol, lmask, caps, ws, g, scalar_only)
+    if index_t is int64_t:
+        cypool_stream_widen(ip, ws.ibuf, g.OH * g.OW)
+    else:
+        cypool_stream_copy(ip, ws.ibuf, g.OH * g.OW * sizeof(int32_t))
 
 
 def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
@@ -581,7 +589,11 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     g.flat3 = (g.separable3 and sh == 1 and sw == 1 and ph == 1 and pw == 1
                and not scalar_only and g.W <= _FLAT3_MAX_W
                and (g.H + 2) * g.W <= _FLAT3_MAX)
-    g.stream_idx = g.flat3 and with_indices and stream_indices
+    # Streaming goes through a per-thread plane of int32 indices: planes of
+    # 2**31 elements or more (scalar_only) and outputs of more than
+    # _STREAM_MAX_PLANE indices a plane are written directly.
+    g.stream_idx = (with_indices and stream_indices and not scalar_only
+                    and g.OH * g.OW <= _STREAM_MAX_PLANE)
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
     # Read-only, shared by all threads: a row of lowest values and the code

@@ -76,7 +76,7 @@ def max_pool2d(
     out = np.empty((P, OH, OW), dtype=kd)
     idx = np.empty((P, OH, OW) if return_indices else (1, 1, 1), dtype=idt)
     threads = threads_for(nt, planes.size + out.size, P)
-    stream = return_indices and streams(planes.nbytes + out.nbytes + idx.nbytes)
+    stream = return_indices and streams(planes.nbytes + out.nbytes, idx.nbytes)
     kernel("max_pool2d_forward", kd, idt)(
         planes, out, idx, bool(return_indices), H * W >= chk.INT32_LIMIT, stream,
         kh, kw, sh, sw, ph, pw, dh, dw, threads,

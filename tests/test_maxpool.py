@@ -40,7 +40,7 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("trial", range(60))
 @pytest.mark.parametrize("kind", ["plain", "ties", "specials"])
-def test_forward_random_configs(rng, trial, kind):
+def test_forward_random_configs(rng, trial, kind, monkeypatch):
     shape, cfg = random_config(rng)
     dtype = [np.float32, np.float64][trial % 2]
     x = ref.random_values(rng, shape, dtype, ties=kind == "ties", specials=kind == "specials")
@@ -49,11 +49,19 @@ def test_forward_random_configs(rng, trial, kind):
     assert_same(out, rout)
     assert_same(idx, ridx)
     assert_same(cypool.max_pool2d(x, **cfg), rout)  # the no-index path
+    # Indices streamed, as for calls larger than the cache.
+    monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: True)
+    for index_dtype in (np.int64, np.int32):
+        out, idx = cypool.max_pool2d(x, **cfg, return_indices=True, index_dtype=index_dtype)
+        assert_same(out, rout)
+        assert_same(idx, ridx.astype(index_dtype))
 
 
 @pytest.mark.parametrize("case", ["2x2s2", "3x3s1p1", "3x3s2p1", "2x2s2ceil", "3x3s2p1ceil"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
-def test_specialised_paths(rng, case, dtype):
+@pytest.mark.parametrize("stream", [False, True])
+def test_specialised_paths(rng, case, dtype, stream, monkeypatch):
+    monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
     cfg = {
         "2x2s2": dict(kernel_size=2, stride=2),
         "3x3s1p1": dict(kernel_size=3, stride=1, padding=1),
@@ -85,7 +93,7 @@ def test_3x3_stride1_pad1_flat_path(rng, shape, dtype, stream, monkeypatch):
     its size limit), take the row path. Edges, ties, specials and
     all-lowest planes on both; indices written with plain stores and, as
     for inputs larger than the cache, with streaming stores."""
-    monkeypatch.setattr(cypool.pooling, "streams", lambda nbytes: stream)
+    monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
     for kind in ["plain", "ties", "specials", "lowest"]:
         x = ref.random_values(rng, shape, dtype, ties=kind == "ties",
                               specials=kind == "specials" and np.dtype(dtype).kind == "f")
@@ -109,7 +117,7 @@ def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, monkeypatch):
     element, at a row's first or last column or inside, among planes with
     none (some with +-inf), and planes of 23 values, so that the index
     planes of a batch start at every alignment."""
-    monkeypatch.setattr(cypool.pooling, "streams", lambda nbytes: stream)
+    monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
     for H, W in [(6, 7), (1, 23), (28, 28)]:
         spots = [0, H * W - 1, W - 1, (H - 1) * W, H * W // 2]
         x = rng.standard_normal((len(spots) + 3, 2, H, W)).astype(dtype)
@@ -122,6 +130,16 @@ def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, monkeypatch):
             out, idx = cypool.max_pool2d(x[::step], 3, 1, 1, return_indices=True)
             assert_same(out, rout[::step])
             assert_same(idx, ridx[::step])
+
+
+def test_indices_stream_only_when_that_keeps_the_rest_cached():
+    from cypool import _backend
+    llc = _backend.LAST_LEVEL_CACHE
+    assert llc >= 1 << 20
+    assert _backend.streams(llc // 2, llc)          # input and output still fit
+    assert _backend.streams(llc, 1)
+    assert not _backend.streams(llc // 4, llc // 4)  # everything fits anyway
+    assert not _backend.streams(2 * llc, llc)        # nothing stays cached anyway
 
 
 def test_constant_and_all_minus_inf_planes_index_first_valid_tap():
