@@ -7,20 +7,15 @@ import sys
 import pytest
 
 from cypool import _backend
+from conftest import cypool_subprocess_env
 
 
 @pytest.mark.parametrize("isa", _backend.RUNNABLE_ISAS)
 def test_stubtest_compiled_modules(isa, tmp_path):
     pytest.importorskip("mypy")
-    # Run from an empty folder, and see the cypool the tests import: the
-    # installed one, or an in-place build's source tree.
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(_backend.__file__)))
-    if os.path.basename(root) not in ("site-packages", "dist-packages"):
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     res = subprocess.run(
         [sys.executable, "-m", "mypy.stubtest", f"cypool._kernels_{isa}"],
-        capture_output=True, text=True, cwd=tmp_path, env=env,
+        capture_output=True, text=True, cwd=tmp_path, env=cypool_subprocess_env(),
     )
     assert res.returncode == 0, res.stdout + res.stderr
 

@@ -2,7 +2,6 @@
 the same results (the tests elsewhere run the variant chosen at import;
 CI also runs them all with CYPOOL_ISA=baseline)."""
 import importlib
-import os
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 import cypool
 from cypool import _backend
 import reference as ref
+from conftest import cypool_subprocess_env
 
 
 def test_chosen_variant_is_one_that_was_built():
@@ -127,15 +127,12 @@ print(_backend.ISA, sorted(m for m in sys.modules if m.startswith("cypool._kerne
 
 
 @pytest.mark.parametrize("lacks", [("AVX512F",), ("AVX2", "AVX512F")])
-def test_import_never_loads_a_variant_the_cpu_lacks(lacks):
+def test_import_never_loads_a_variant_the_cpu_lacks(lacks, tmp_path):
     # Importing the x86-64-v4 module runs AVX-512 instructions (gcc uses
     # them in its initialisation), so on a CPU without them even importing
     # it to see whether it was built stops the process with SIGILL.
-    env = {k: v for k, v in os.environ.items() if k != _backend.ISA_ENV}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(_backend.__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", _LACKING, *lacks],
-                         capture_output=True, text=True, env=env)
+    res = subprocess.run([sys.executable, "-c", _LACKING, *lacks], capture_output=True, text=True,
+                         env=cypool_subprocess_env(drop=(_backend.ISA_ENV,)), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     isa, loaded = res.stdout.split(" ", 1)
     if _backend.AVAILABLE_ISAS == ["native"]:
