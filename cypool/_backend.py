@@ -37,9 +37,10 @@ LEVELS = (
 )
 # Kernels that run on the best level only up to this one unless a level is
 # forced. The max-pool and argmax loops are bound by memory and branchless
-# selects; gcc 12's x86-64-v4 code for them measured 3-20% slower than its
-# AVX2 code on an AVX-512 machine (bench/results/isa_levels.md), while the
-# convolution's 16-float register tiles gain up to 1.7x there.
+# selects; gcc 12's x86-64-v4 code for them measured up to 8% slower than
+# its AVX2 code on four of six max-pool rows on an AVX-512 machine, and the
+# same for argmax (bench/results/isa_levels.md), while the convolution's
+# 16-float register tiles gain up to 1.8x there.
 CAPPED = {
     "max_pool2d_forward": "avx2",
     "max_pool2d_backward": "avx2",
