@@ -45,5 +45,6 @@ def main(argv=None):
     rows.append(("argmax2d [32, 25, 64, 64] float64", r["cypool"]))
     print(f"{sys.prefix}: " + "; ".join(f"{name} {t * 1e3:.3f} ms" for name, t in rows))
 
+
 if __name__ == "__main__":
     main()
