@@ -337,8 +337,9 @@ cdef inline void _row_k3_separable(const value_t* xp, const value_t* low_row, Wo
 # plane and input plane have the same shape, so both passes run over the
 # whole plane as one flat vectorised loop, with no per-row loop to pay for on
 # short rows (28 wide: 3 AVX2 iterations and a tail per row otherwise):
-#   * horizontal: taps p - 1, p, p + 1 of the flat plane; lmask/rmask say
-#     whether the left/right taps are in the same row (else padding). It
+#   * horizontal: taps p - 1, p, p + 1 of the flat plane; lcap/rcap hold
+#     the highest value where the left/right tap is in the same row and the
+#     lowest where it is padding, so min(tap, cap) pads the row. It
 #     stores each row maximum with the flat input index it came from, so the
 #     vertical pass selects indices and does no index arithmetic;
 #   * vertical: over a buffer of H + 2 rows whose first and last rows are
@@ -393,24 +394,25 @@ cdef inline bint _flat3_h_fast(const value_t* x, const value_t* lcap,
     return nan != 0
 
 
-cdef inline void _flat3_h(const value_t* x, const int32_t* lmask, const int32_t* rmask,
+cdef inline void _flat3_h(const value_t* x, const value_t* lcap, const value_t* rcap,
                           value_t* hv, int32_t* hc, Py_ssize_t lo, Py_ssize_t hi,
                           value_t low) noexcept nogil:
     """_flat3_h_fast for any plane: NaN counts as the maximum, the first
-    NaN wins."""
+    NaN wins. A NaN tap is not capped (min would drop it): the caps only
+    say where the row ends."""
     cdef Py_ssize_t p
     cdef value_t a, m
     cdef int32_t k
     cdef bint ok, left
     for p in range(lo, hi):
         a = x[p - 1]
-        left = lmask[p] != 0
+        left = lcap[p] > low
         m = a if left else low
-        k = 1 - lmask[p]
+        k = 1 - <int32_t>left
         ok = (a == a) | (not left)  # not m == m: gcc 12 won't vectorise that
         m = _pick(x[p], m, 1, &k, &ok)
         a = x[p + 1]
-        hv[p] = _pick(a if rmask[p] != 0 else low, m, 2, &k, &ok)
+        hv[p] = _pick(a if rcap[p] > low else low, m, 2, &k, &ok)
         hc[p] = <int32_t>p - 1 + k
 
 
@@ -462,7 +464,7 @@ cdef inline void _flat3_v(const value_t* hvb, const int32_t* hcb, value_t* op,
 
 
 cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
-                                   const int32_t* lmask, const value_t* caps, Workspace* ws,
+                                   const value_t* caps, Workspace* ws,
                                    const PoolGeom* g) noexcept nogil:
     """Max-pool one small plane with a 3x3 window, stride 1, padding 1."""
     cdef Py_ssize_t W = g.W, HW = g.H * g.W, w
@@ -476,7 +478,7 @@ cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
     if HW > 1:
         nan |= _flat3_h_fast(xp, caps, caps + HW, hv, hc, 1, HW - 1, low)
         if nan:
-            _flat3_h(xp, lmask, lmask + HW, hv, hc, 1, HW - 1, low)
+            _flat3_h(xp, caps, caps + HW, hv, hc, 1, HW - 1, low)
         _flat3_h_at(xp, HW - 1, W, hv, hc, low)
     # Top padding row: never takes over, and holds the index the first
     # valid row gives, so an all-lowest window still points at a valid tap.
@@ -531,27 +533,27 @@ cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
 
 
 cdef inline void _pool_path(const value_t* xp, value_t* op, index_t* ip,
-                            const value_t* low_row, const int32_t* kcol, const int32_t* lmask,
+                            const value_t* low_row, const int32_t* kcol,
                             const value_t* caps, Workspace* ws, const PoolGeom* g,
                             bint scalar_only) noexcept nogil:
     """Pool one plane into op/ip (ip may be NULL) on the path its geometry takes."""
     if g.flat3:
-        _pool_plane_flat3(xp, op, ip, lmask, caps, ws, g)
+        _pool_plane_flat3(xp, op, ip, caps, ws, g)
     else:
         _pool_plane(xp, op, ip, low_row, kcol, ws, g, scalar_only)
 
 
 cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
-                           const value_t* low_row, const int32_t* kcol, const int32_t* lmask,
+                           const value_t* low_row, const int32_t* kcol,
                            const value_t* caps, Workspace* ws, const PoolGeom* g,
                            bint scalar_only) noexcept nogil:
     """_pool_path, with the indices streamed out when g.stream_idx: pooled as
     int32 into the workspace, then widened as they are streamed (a store
     and a load per 8 indices in the workspace, not two of each)."""
     if ip == NULL or not g.stream_idx:
-        _pool_path(xp, op, ip, low_row, kcol, lmask, caps, ws, g, scalar_only)
+        _pool_path(xp, op, ip, low_row, kcol, caps, ws, g, scalar_only)
         return
-    _pool_path(xp, op, ws.ibuf, low_row, kcol, lmask, caps, ws, g, scalar_only)
+    _pool_path(xp, op, ws.ibuf, low_row, kcol, caps, ws, g, scalar_only)
     if index_t is int64_t:
         cypool_stream_widen(ip, ws.ibuf, g.OH * g.OW)
     else:
@@ -571,8 +573,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     cdef value_t* low_row = NULL
     cdef value_t* caps = NULL
     cdef int32_t* kcol = NULL
-    cdef int32_t* lmask = NULL
-    cdef Py_ssize_t n_mask
+    cdef Py_ssize_t n_caps
     cdef Workspace* ws
     cdef int[1] failed
     cdef int* fail = &failed[0]
@@ -598,26 +599,21 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
         return
     # Read-only, shared by all threads: a row of lowest values and the code
     # of each column's first valid tap (nonzero only where it starts in the
-    # left padding); for the flat 3x3 path, whether each position of a plane
-    # has a left and a right neighbour in its row (lmask, then rmask), and
-    # the same as caps: the highest value where it has, else the lowest.
+    # left padding); for the flat 3x3 path, caps for the left taps, then for
+    # the right ones: per position of a plane, the highest value where that
+    # tap is in its row, else the lowest.
     n_low = max(g.Wp, g.W)
-    n_mask = 2 * g.H * g.W if g.flat3 else 0
-    low_row = <value_t*>malloc((n_low + n_mask) * sizeof(value_t)
-                               + (g.OW + n_mask) * sizeof(int32_t))
+    n_caps = 2 * g.H * g.W if g.flat3 else 0
+    low_row = <value_t*>malloc((n_low + n_caps) * sizeof(value_t) + g.OW * sizeof(int32_t))
     if low_row == NULL:
         raise MemoryError("cypool.max_pool2d: out of memory")
     caps = low_row + n_low
-    kcol = <int32_t*>(caps + n_mask)
-    lmask = kcol + g.OW
-    for p in range(n_mask):
+    kcol = <int32_t*>(caps + n_caps)
+    for p in range(n_caps):
         caps[p] = _highest(<value_t*>NULL)
-        lmask[p] = 1
-    for p in range(0, n_mask // 2, g.W):
+    for p in range(0, n_caps // 2, g.W):
         caps[p] = low
-        lmask[p] = 0
-        caps[n_mask // 2 + p + g.W - 1] = low
-        lmask[n_mask // 2 + p + g.W - 1] = 0
+        caps[n_caps // 2 + p + g.W - 1] = low
     for ow in range(n_low):
         low_row[ow] = low
     for ow in range(g.OW):
@@ -634,7 +630,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                 for p in range(P):
                     _pool_one(&x[p, 0, 0], &out[p, 0, 0],
                               &indices[p, 0, 0] if with_indices else NULL,
-                              low_row, kcol, lmask, caps, ws, &g, scalar_only)
+                              low_row, kcol, caps, ws, &g, scalar_only)
                 if g.stream_idx:
                     cypool_stream_fence()
                 _workspace_free(ws)
@@ -648,7 +644,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                     _note_team()
                     _pool_one(&x[p, 0, 0], &out[p, 0, 0],
                               &indices[p, 0, 0] if with_indices else NULL,
-                              low_row, kcol, lmask, caps, ws, &g, scalar_only)
+                              low_row, kcol, caps, ws, &g, scalar_only)
                 if g.stream_idx:
                     cypool_stream_fence()
                 _workspace_free(ws)
