@@ -113,7 +113,7 @@ def test_3x3_stride1_pad1_flat_path(rng, shape, dtype, stream, monkeypatch):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, monkeypatch):
     """The flat 3x3 path scans a plane without NaN with plain compares and
-    redoes a plane holding one: a single NaN at the plane's first or last
+    redoes a plane holding one, with indices and without: a single NaN at the plane's first or last
     element, at a row's first or last column or inside, among planes with
     none (some with +-inf), and planes of 23 values, so that the index
     planes of a batch start at every alignment."""
@@ -130,6 +130,7 @@ def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, monkeypatch):
             out, idx = cypool.max_pool2d(x[::step], 3, 1, 1, return_indices=True)
             assert_same(out, rout[::step])
             assert_same(idx, ridx[::step])
+            assert_same(cypool.max_pool2d(x[::step], 3, 1, 1), rout[::step])
 
 
 def test_indices_stream_only_when_that_keeps_the_rest_cached():
