@@ -400,8 +400,8 @@ cdef inline bint _flat3_h_values(const value_t* x, const value_t* lcap,
                                  const value_t* rcap, value_t* hv,
                                  Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
     """_flat3_h_fast without the indices (a call that returns none): the
-    maximum of the three capped taps, in any order. Returns whether some
-    x[p], lo <= p < hi, is NaN."""
+    first maximum of the three capped taps, as there (so -0.0 and 0.0 come
+    out as with indices). Returns whether some x[p], lo <= p < hi, is NaN."""
     cdef Py_ssize_t p
     cdef value_t a, b, c
     cdef int32_t nan = 0
@@ -413,7 +413,7 @@ cdef inline bint _flat3_h_values(const value_t* x, const value_t* lcap,
         a = a if a < lcap[p] else lcap[p]
         b = b if b < rcap[p] else rcap[p]
         c = c if c > a else a
-        hv[p] = c if c > b else b
+        hv[p] = b if b > c else c
     return nan != 0
 
 

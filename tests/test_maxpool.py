@@ -113,8 +113,8 @@ def test_3x3_stride1_pad1_flat_path(rng, shape, dtype, stream, monkeypatch):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, monkeypatch):
     """The flat 3x3 path scans a plane without NaN with plain compares and
-    redoes a plane holding one, with indices and without: a single NaN at the plane's first or last
-    element, at a row's first or last column or inside, among planes with
+    redoes a plane holding one, with indices and without: a single NaN at
+    the plane's first or last element, at a row's first or last column or inside, among planes with
     none (some with +-inf), and planes of 23 values, so that the index
     planes of a batch start at every alignment."""
     monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
@@ -131,6 +131,24 @@ def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, monkeypatch):
             assert_same(out, rout[::step])
             assert_same(idx, ridx[::step])
             assert_same(cypool.max_pool2d(x[::step], 3, 1, 1), rout[::step])
+
+
+@pytest.mark.parametrize("cfg", [dict(kernel_size=2, stride=2), dict(kernel_size=3, stride=1, padding=1),
+                                 dict(kernel_size=3, stride=2, padding=1),
+                                 dict(kernel_size=3, stride=1, padding=1, dilation=2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_signed_zero_ties_keep_the_first(rng, cfg, dtype):
+    """-0.0 == 0.0, so a window of both ties: the output is the first one,
+    sign included, with indices and without (the paths without indices
+    have loops of their own)."""
+    x = rng.choice(np.array([-0.0, 0.0, -1.0], dtype=dtype), size=(2, 3, 28, 28))
+    full = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False}
+    full.update(cfg)
+    rout, _ = ref_pool(x, full)
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    out, _ = cypool.max_pool2d(x, **cfg, return_indices=True)
+    np.testing.assert_array_equal(out.view(bits), rout.view(bits))
+    np.testing.assert_array_equal(cypool.max_pool2d(x, **cfg).view(bits), rout.view(bits))
 
 
 def test_indices_stream_only_when_that_keeps_the_rest_cached():
