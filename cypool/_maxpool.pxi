@@ -40,9 +40,14 @@ DEF _FLAT3_MAX = 16384
 DEF _STREAM_MAX_PLANE = 65536
 
 cdef extern from "_simd.h" nogil:
-    void cypool_stream_copy(void* dst, const void* src, size_t n)
-    void cypool_stream_widen(int64_t* dst, const int32_t* src, size_t n)
+    ctypedef struct cypool_pending:
+        size_t left
+    void cypool_pending_start(cypool_pending* p, void* dst, const int32_t* src, size_t n, int wide)
+    void cypool_pending_finish(cypool_pending* p)
     void cypool_stream_fence()
+    bint CYPOOL_FLAT3_V_SIMD
+    void cypool_flat3_v_f32(const float* hv, const int32_t* hc, float* op, int32_t* ip,
+                            Py_ssize_t n, Py_ssize_t W, cypool_pending* pend)
 
 
 cdef struct PoolGeom:
@@ -54,6 +59,7 @@ cdef struct PoolGeom:
     bint separable3        # 3x3, no dilation, stride 1 or 2 along rows
     bint flat3             # 3x3, stride 1, padding 1, no dilation, small plane
     bint stream_idx        # indices go through ibuf (int32) and streaming stores
+    bint weave             # ... streamed during the next plane's vertical pass
 
 
 cdef inline Py_ssize_t _ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -182,7 +188,9 @@ cdef struct Workspace:
                            # (flat 3x3: H + 2 rows of W, padding rows first and last)
     int32_t* hcode         # ... and their column codes
     Py_ssize_t htag[4]     # input row held by each slot (-1: none, -2: padding row)
-    int32_t* ibuf          # with stream_idx: one output plane of indices
+    int32_t* ibuf          # with stream_idx: one output plane of indices (two with weave)
+    int ibuf_flip          # with weave: which of them the next plane takes
+    cypool_pending pend    # with stream_idx: the plane of indices on its way out
 
 
 cdef inline size_t _round_up(size_t n) noexcept nogil:
@@ -207,7 +215,7 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     cdef size_t off_hcode = off_hval + _round_up(n_h * itemsize)
     cdef size_t off_code = off_hcode + _round_up(n_h * sizeof(int32_t))
     cdef size_t off_ibuf = off_code + _round_up(g.OW * sizeof(int32_t))
-    cdef size_t n_ibuf = g.OH * g.OW * sizeof(int32_t) if g.stream_idx else 0
+    cdef size_t n_ibuf = (1 + g.weave) * _round_up(g.OH * g.OW * sizeof(int32_t)) if g.stream_idx else 0
     cdef char* block = <char*>malloc(off_ibuf + n_ibuf)
     cdef Workspace* ws = <Workspace*>block
     if block == NULL:
@@ -221,6 +229,8 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     ws.ibuf = <int32_t*>(block + off_ibuf) if n_ibuf else NULL
     for q in range(4):
         ws.htag[q] = -1
+    ws.ibuf_flip = 0
+    ws.pend.left = 0
     for q in range(<Py_ssize_t>n_ring):
         (<value_t*>ws.ring)[q] = low
     if g.flat3:
@@ -513,6 +523,9 @@ cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
         hcb[w] = hc[w]
     if nan:
         _flat3_v(hvb, hcb, op, ip, HW, W)
+    elif value_t is float and index_t is int32_t and CYPOOL_FLAT3_V_SIMD and ip != NULL:
+        # Streams the previous plane's indices as it goes (g.weave).
+        cypool_flat3_v_f32(hvb, hcb, op, ip, HW, W, &ws.pend)
     else:
         _flat3_v_fast(hvb, hcb, op, ip, HW, W)
 
@@ -575,15 +588,23 @@ cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
                            bint scalar_only) noexcept nogil:
     """_pool_path, with the indices streamed out when g.stream_idx: pooled as
     int32 into the workspace, then widened as they are streamed (a store
-    and a load per 8 indices in the workspace, not two of each)."""
+    and a load per 8 indices in the workspace, not two of each). With
+    g.weave they are streamed during the next plane's vertical pass, from
+    the other of two buffers; the thread's last plane, or what a plane
+    holding NaN left, goes at the next cypool_pending_finish."""
+    cdef Py_ssize_t n = g.OH * g.OW
+    cdef int32_t* buf = ws.ibuf
     if ip == NULL or not g.stream_idx:
         _pool_path(xp, op, ip, low_row, kcol, caps, ws, g, scalar_only)
         return
-    _pool_path(xp, op, ws.ibuf, low_row, kcol, caps, ws, g, scalar_only)
-    if index_t is int64_t:
-        cypool_stream_widen(ip, ws.ibuf, g.OH * g.OW)
-    else:
-        cypool_stream_copy(ip, ws.ibuf, g.OH * g.OW * sizeof(int32_t))
+    if g.weave:
+        buf += ws.ibuf_flip * (_round_up(n * sizeof(int32_t)) // sizeof(int32_t))
+        ws.ibuf_flip ^= 1
+    _pool_path(xp, op, buf, low_row, kcol, caps, ws, g, scalar_only)
+    cypool_pending_finish(&ws.pend)
+    cypool_pending_start(&ws.pend, ip, buf, n, index_t is int64_t)
+    if not g.weave:
+        cypool_pending_finish(&ws.pend)
 
 
 def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
@@ -621,6 +642,13 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     # _STREAM_MAX_PLANE indices a plane are written directly.
     g.stream_idx = (with_indices and stream_indices and not scalar_only
                     and g.OH * g.OW <= _STREAM_MAX_PLANE)
+    # Streaming a plane's indices during the next plane's vertical pass (the
+    # float32 flat 3x3 path, where that pass is written with intrinsics):
+    # [16, 256, 28, 28] took 0.76-0.96 ms against 0.81-1.05 ms, interleaved
+    # here, and the same when other tenants saturated the memory link.
+    # Loops written in Cython would have to be cut into chunks to take it:
+    # with chunks of 128 outputs the flat path was 10% slower.
+    g.weave = g.stream_idx and g.flat3 and value_t is float and CYPOOL_FLAT3_V_SIMD
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
     # Read-only, shared by all threads: a row of lowest values and the code
@@ -658,6 +686,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                               &indices[p, 0, 0] if with_indices else NULL,
                               low_row, kcol, caps, ws, &g, scalar_only)
                 if g.stream_idx:
+                    cypool_pending_finish(&ws.pend)
                     cypool_stream_fence()
                 _workspace_free(ws)
     else:
@@ -672,6 +701,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                               &indices[p, 0, 0] if with_indices else NULL,
                               low_row, kcol, caps, ws, &g, scalar_only)
                 if g.stream_idx:
+                    cypool_pending_finish(&ws.pend)
                     cypool_stream_fence()
                 _workspace_free(ws)
     free(low_row)

@@ -1,6 +1,7 @@
 /* The loops gcc does not vectorise well from Cython, written with
  * intrinsics: the chunk maximum of the argmax kernel (cypool/_argmax.pxi)
- * and, at the end, the streaming copy of the max-pool indices.
+ * and, at the end, the streaming stores of the max-pool indices, with
+ * the float32 vertical pass of the flat 3x3 max pool that carries them.
  *
  * gcc 12 does not vectorise a NaN-aware max over lanes written in Cython, so
  * this one loop is written with intrinsics: AVX2 in the x86-64-v3 build,
@@ -240,14 +241,15 @@ CYPOOL_FIRST(double, cypool_first_f64)
 CYPOOL_CHUNK_MAX(float, cypool_chunk_max_f32)
 CYPOOL_CHUNK_MAX(double, cypool_chunk_max_f64)
 #endif
-/* Non-temporal copy, for outputs written once and not read again soon
+/* Non-temporal stores, for outputs written once and not read again soon
  * (max-pool indices: only the backward pass reads them). The stores skip
  * the cache: they do not read the destination lines first, and they do not
  * evict what the next layer reads. Only whole 64-byte lines are streamed;
- * the partial lines at both ends take plain stores (a line written both
- * ways is flushed half-written). The streamed bytes are visible to other
- * threads only after cypool_stream_fence(), which each thread calls once
- * after its last copy (a fence per copy serialises the stores). */
+ * the partial lines at both ends of a plane take plain stores (a line
+ * written both ways is flushed half-written). The streamed bytes are
+ * visible to other threads only after cypool_stream_fence(), which each
+ * thread calls once after its last plane (a fence per plane serialises the
+ * stores). */
 #if defined(__AVX2__)
 #define CYPOOL_STREAM_VEC 32
 #define CYPOOL_STREAM_STORE(d, s) \
@@ -257,51 +259,135 @@ CYPOOL_CHUNK_MAX(double, cypool_chunk_max_f64)
 #define CYPOOL_STREAM_STORE(d, s) \
     _mm_stream_si128((__m128i *)(d), _mm_loadu_si128((const __m128i *)(s)))
 #endif
-static inline void cypool_stream_copy(void *dst, const void *src, size_t n)
+/* One 64-byte line of int32 indices from src to dst (64-byte aligned):
+ * copied (16 indices), or widened to int64 when wide (8 indices). */
+static inline void cypool_stream_line(char *dst, const int32_t *src, int wide)
 {
 #ifdef CYPOOL_STREAM_VEC
-    char *d = (char *)dst;
-    const char *s = (const char *)src;
-    size_t head = (64 - (uintptr_t)d % 64) % 64, v;
-    if (head > n) head = n;
-    memcpy(d, s, head);
-    d += head; s += head; n -= head;
-    for (; n >= 64; n -= 64, d += 64, s += 64)
-        for (v = 0; v < 64; v += CYPOOL_STREAM_VEC)
-            CYPOOL_STREAM_STORE(d + v, s + v);
-    memcpy(d, s, n);
+    if (!wide) {
+        for (int v = 0; v < 64; v += CYPOOL_STREAM_VEC)
+            CYPOOL_STREAM_STORE(dst + v, (const char *)src + v);
+        return;
+    }
+#if defined(__AVX2__)
+    __m128i a = _mm_loadu_si128((const __m128i *)src);
+    __m128i b = _mm_loadu_si128((const __m128i *)(src + 4));
+    _mm256_stream_si256((__m256i *)dst, _mm256_cvtepi32_epi64(a));
+    _mm256_stream_si256((__m256i *)(dst + 32), _mm256_cvtepi32_epi64(b));
 #else
-    memcpy(dst, src, n);
+    for (int h = 0; h < 8; h += 4) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + h));
+        __m128i sign = _mm_srai_epi32(a, 31);
+        _mm_stream_si128((__m128i *)(dst + 8 * h), _mm_unpacklo_epi32(a, sign));
+        _mm_stream_si128((__m128i *)(dst + 8 * h + 16), _mm_unpackhi_epi32(a, sign));
+    }
+#endif
+#else
+    (void)dst; (void)src; (void)wide;
 #endif
 }
 
-/* dst[i] = src[i] for i < n, int32 to int64, streaming the whole 64-byte
- * lines of dst as cypool_stream_copy does. */
-static inline void cypool_stream_widen(int64_t *dst, const int32_t *src, size_t n)
+/* dst[:n] = src[:n] with plain stores, as int64 when wide. */
+static inline void cypool_plain_copy(char *dst, const int32_t *src, size_t n, int wide)
 {
-    size_t i = 0;
-#ifdef CYPOOL_STREAM_VEC
-    for (; i < n && (uintptr_t)(dst + i) % 64 != 0; i++)
-        dst[i] = src[i];
-    for (; i + 8 <= n; i += 8) {
-#if defined(__AVX2__)
-        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 4));
-        _mm256_stream_si256((__m256i *)(dst + i), _mm256_cvtepi32_epi64(a));
-        _mm256_stream_si256((__m256i *)(dst + i + 4), _mm256_cvtepi32_epi64(b));
-#else
-        for (size_t h = 0; h < 8; h += 4) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(src + i + h));
-            __m128i sign = _mm_srai_epi32(a, 31);
-            _mm_stream_si128((__m128i *)(dst + i + h), _mm_unpacklo_epi32(a, sign));
-            _mm_stream_si128((__m128i *)(dst + i + h + 2), _mm_unpackhi_epi32(a, sign));
-        }
-#endif
-    }
-#endif
-    for (; i < n; i++)
-        dst[i] = src[i];
+    if (wide)
+        for (size_t i = 0; i < n; i++) ((int64_t *)dst)[i] = src[i];
+    else
+        memcpy(dst, src, n * sizeof(int32_t));
 }
+
+/* A plane of int32 indices on its way out to its place in the output, as
+ * int64 when wide: the max pool pools a plane's indices into a per-thread
+ * buffer and hands it over here. cypool_pending_start writes the partial
+ * line at the head with plain stores; the whole lines are streamed either
+ * at once, by cypool_pending_finish, or one an iteration by the next
+ * plane's vertical pass (cypool_flat3_v_f32), so that they drain while that
+ * plane is pooled instead of stalling the core in one burst;
+ * cypool_pending_finish streams what is left and writes the partial last
+ * line with plain stores. */
+typedef struct {
+    char *dst;           /* where the next index goes */
+    const int32_t *src;  /* the next index */
+    size_t left;         /* indices still to write */
+    int wide;            /* int32 to int64 */
+} cypool_pending;
+
+static inline void cypool_pending_start(cypool_pending *p, void *dst, const int32_t *src,
+                                        size_t n, int wide)
+{
+    size_t size = wide ? sizeof(int64_t) : sizeof(int32_t), head = n;
+#ifdef CYPOOL_STREAM_VEC
+    head = (64 - (uintptr_t)dst % 64) % 64 / size;  /* dst is size-aligned */
+    if (head > n) head = n;
+#endif
+    cypool_plain_copy((char *)dst, src, head, wide);
+    p->dst = (char *)dst + head * size;
+    p->src = src + head;
+    p->left = n - head;
+    p->wide = wide;
+}
+
+static inline void cypool_pending_finish(cypool_pending *p)
+{
+    cypool_pending q = *p;  /* in registers: the stores could alias *p */
+#ifdef CYPOOL_STREAM_VEC
+    size_t per = q.wide ? 8 : 16;
+    for (; q.left >= per; q.left -= per, q.dst += 64, q.src += per)
+        cypool_stream_line(q.dst, q.src, q.wide);
+#endif
+    cypool_plain_copy(q.dst, q.src, q.left, q.wide);
+    p->left = 0;
+}
+
+/* The vertical pass of the flat 3x3 max pool for float32 planes without NaN
+ * and int32 indices (_flat3_v_fast in cypool/_maxpool.pxi, same results),
+ * streaming one line of the pending plane an iteration. MAXPS returns its
+ * second operand on ties, as "v if v > m else m" keeps m. */
+#if defined(__AVX2__)
+#define CYPOOL_FLAT3_V_SIMD 1
+static inline void cypool_flat3_v_f32(const float *hv, const int32_t *hc, float *op,
+                                      int32_t *ip, ptrdiff_t n, ptrdiff_t W,
+                                      cypool_pending *pend)
+{
+    cypool_pending q = *pend;  /* in registers for the loop */
+    const size_t per = q.wide ? 8 : 16;
+    ptrdiff_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+        __m256 m = _mm256_loadu_ps(hv + p);
+        __m256 k = _mm256_loadu_ps((const float *)(hc + p));
+        __m256 v = _mm256_loadu_ps(hv + p + W);
+        __m256 t = _mm256_cmp_ps(v, m, _CMP_GT_OQ);
+        k = _mm256_blendv_ps(k, _mm256_loadu_ps((const float *)(hc + p + W)), t);
+        m = _mm256_max_ps(v, m);
+        v = _mm256_loadu_ps(hv + p + 2 * W);
+        t = _mm256_cmp_ps(v, m, _CMP_GT_OQ);
+        k = _mm256_blendv_ps(k, _mm256_loadu_ps((const float *)(hc + p + 2 * W)), t);
+        _mm256_storeu_ps(op + p, _mm256_max_ps(v, m));
+        _mm256_storeu_ps((float *)(ip + p), k);
+        if (q.left >= per) {
+            cypool_stream_line(q.dst, q.src, q.wide);
+            q.dst += 64; q.src += per; q.left -= per;
+        }
+    }
+    for (; p < n; p++) {
+        float m = hv[p], v = hv[p + W];
+        int32_t k = v > m ? hc[p + W] : hc[p];
+        m = v > m ? v : m;
+        v = hv[p + 2 * W];
+        ip[p] = v > m ? hc[p + 2 * W] : k;
+        op[p] = v > m ? v : m;
+    }
+    *pend = q;
+}
+#else
+#define CYPOOL_FLAT3_V_SIMD 0
+static inline void cypool_flat3_v_f32(const float *hv, const int32_t *hc, float *op,
+                                      int32_t *ip, ptrdiff_t n, ptrdiff_t W,
+                                      cypool_pending *pend)
+{
+    (void)hv; (void)hc; (void)op; (void)ip; (void)n; (void)W; (void)pend;  /* never called */
+}
+#endif
 
 static inline void cypool_stream_fence(void)
 {

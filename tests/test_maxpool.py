@@ -151,6 +151,31 @@ def test_signed_zero_ties_keep_the_first(rng, cfg, dtype):
     np.testing.assert_array_equal(cypool.max_pool2d(x, **cfg).view(bits), rout.view(bits))
 
 
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("shape", [(9, 1, 28, 28), (7, 2, 5, 13), (100, 1, 28, 28)])
+def test_flat_path_streams_a_plane_during_the_next(rng, shape, index_dtype, monkeypatch):
+    """On the float32 flat 3x3 path, a plane's indices are streamed while
+    the next plane is pooled, from the other of two buffers; a plane with
+    NaN, and each thread's last plane, stream theirs at the end. Planes of
+    65 outputs leave a tail and partial lines; (100, 1, 28, 28) runs on two
+    threads. Streamed results equal those written directly, which the
+    other tests check against the reference (and the small shapes are
+    checked against it here too)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[3, 0, 2, 4] = np.nan
+    x[-1, 0, 0, 0] = np.nan
+    results = {}
+    for stream in (False, True):
+        monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
+        results[stream] = cypool.max_pool2d(x, 3, 1, 1, return_indices=True, index_dtype=index_dtype)
+    assert_same(results[True][0], results[False][0])
+    assert_same(results[True][1], results[False][1])
+    if x.size < 10000:
+        rout, ridx = ref.max_pool2d(x, 3, 1, 1, 1, False)
+        assert_same(results[True][0], rout)
+        assert_same(results[True][1], ridx.astype(index_dtype))
+
+
 def test_indices_stream_only_when_that_keeps_the_rest_cached():
     from cypool import _backend
     llc = _backend.LAST_LEVEL_CACHE
