@@ -645,7 +645,8 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     # Streaming a plane's indices during the next plane's vertical pass (the
     # float32 flat 3x3 path, where that pass is written with intrinsics):
     # [16, 256, 28, 28] took 0.76-0.96 ms against 0.81-1.05 ms, interleaved
-    # here, and the same when other tenants saturated the memory link.
+    # here at moderate load, with no gain while other tenants saturated the
+    # memory link.
     # Loops written in Cython would have to be cut into chunks to take it:
     # with chunks of 128 outputs the flat path was 10% slower.
     g.weave = g.stream_idx and g.flat3 and value_t is float and CYPOOL_FLAT3_V_SIMD
