@@ -45,7 +45,10 @@ cdef extern from "_simd.h" nogil:
     void cypool_pending_start(cypool_pending* p, void* dst, const int32_t* src, size_t n, int wide)
     void cypool_pending_finish(cypool_pending* p)
     void cypool_stream_fence()
-    bint CYPOOL_FLAT3_V_SIMD
+    bint CYPOOL_FLAT3_SIMD
+    bint cypool_flat3_h_f32(const float* x, const float* lcap, const float* rcap,
+                            float* hv, int32_t* hc, Py_ssize_t lo, Py_ssize_t hi,
+                            cypool_pending* pend)
     void cypool_flat3_v_f32(const float* hv, const int32_t* hc, float* op, int32_t* ip,
                             Py_ssize_t n, Py_ssize_t W, cypool_pending* pend)
 
@@ -59,7 +62,7 @@ cdef struct PoolGeom:
     bint separable3        # 3x3, no dilation, stride 1 or 2 along rows
     bint flat3             # 3x3, stride 1, padding 1, no dilation, small plane
     bint stream_idx        # indices go through ibuf (int32) and streaming stores
-    bint weave             # ... streamed during the next plane's vertical pass
+    bint weave             # ... streamed while the next plane is pooled
 
 
 cdef inline Py_ssize_t _ceil_div(Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -511,6 +514,9 @@ cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
     if HW > 1:
         if ip == NULL:
             nan |= _flat3_h_values(xp, caps, caps + HW, hv, 1, HW - 1)
+        elif value_t is float and index_t is int32_t and CYPOOL_FLAT3_SIMD:
+            # Streams the previous plane's indices as it goes (g.weave).
+            nan |= cypool_flat3_h_f32(xp, caps, caps + HW, hv, hc, 1, HW - 1, &ws.pend)
         else:
             nan |= _flat3_h_fast(xp, caps, caps + HW, hv, hc, 1, HW - 1, low)
         if nan:
@@ -523,8 +529,7 @@ cdef inline void _pool_plane_flat3(const value_t* xp, value_t* op, index_t* ip,
         hcb[w] = hc[w]
     if nan:
         _flat3_v(hvb, hcb, op, ip, HW, W)
-    elif value_t is float and index_t is int32_t and CYPOOL_FLAT3_V_SIMD and ip != NULL:
-        # Streams the previous plane's indices as it goes (g.weave).
+    elif value_t is float and index_t is int32_t and CYPOOL_FLAT3_SIMD and ip != NULL:
         cypool_flat3_v_f32(hvb, hcb, op, ip, HW, W, &ws.pend)
     else:
         _flat3_v_fast(hvb, hcb, op, ip, HW, W)
@@ -589,9 +594,9 @@ cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
     """_pool_path, with the indices streamed out when g.stream_idx: pooled as
     int32 into the workspace, then widened as they are streamed (a store
     and a load per 8 indices in the workspace, not two of each). With
-    g.weave they are streamed during the next plane's vertical pass, from
-    the other of two buffers; the thread's last plane, or what a plane
-    holding NaN left, goes at the next cypool_pending_finish."""
+    g.weave they are streamed while the next plane is pooled, from the other
+    of two buffers; the thread's last plane, or what a plane holding NaN
+    left, goes at the next cypool_pending_finish."""
     cdef Py_ssize_t n = g.OH * g.OW
     cdef int32_t* buf = ws.ibuf
     if ip == NULL or not g.stream_idx:
@@ -642,14 +647,15 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     # _STREAM_MAX_PLANE indices a plane are written directly.
     g.stream_idx = (with_indices and stream_indices and not scalar_only
                     and g.OH * g.OW <= _STREAM_MAX_PLANE)
-    # Streaming a plane's indices during the next plane's vertical pass (the
-    # float32 flat 3x3 path, where that pass is written with intrinsics):
-    # [16, 256, 28, 28] took 0.76-0.96 ms against 0.81-1.05 ms, interleaved
-    # here at moderate load, with no gain while other tenants saturated the
-    # memory link.
+    # Streaming a plane's indices while the next plane is pooled (the
+    # float32 flat 3x3 path, whose passes are written with intrinsics): in
+    # the vertical pass alone, [16, 256, 28, 28] took 0.76-0.96 ms against
+    # 0.81-1.05 ms without weaving, interleaved here at moderate load, with
+    # no gain while other tenants saturated the memory link; from the start
+    # of the horizontal pass, see cypool_flat3_h_f32 in _simd.h.
     # Loops written in Cython would have to be cut into chunks to take it:
     # with chunks of 128 outputs the flat path was 10% slower.
-    g.weave = g.stream_idx and g.flat3 and value_t is float and CYPOOL_FLAT3_V_SIMD
+    g.weave = g.stream_idx and g.flat3 and value_t is float and CYPOOL_FLAT3_SIMD
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
     # Read-only, shared by all threads: a row of lowest values and the code

@@ -1,7 +1,7 @@
 /* The loops gcc does not vectorise well from Cython, written with
  * intrinsics: the chunk maximum of the argmax kernel (cypool/_argmax.pxi)
  * and, at the end, the streaming stores of the max-pool indices, with
- * the float32 vertical pass of the flat 3x3 max pool that carries them.
+ * the float32 passes of the flat 3x3 max pool that carry them.
  *
  * gcc 12 does not vectorise a NaN-aware max over lanes written in Cython, so
  * this one loop is written with intrinsics: AVX2 in the x86-64-v3 build,
@@ -301,10 +301,10 @@ static inline void cypool_plain_copy(char *dst, const int32_t *src, size_t n, in
  * buffer and hands it over here. cypool_pending_start writes the partial
  * line at the head with plain stores; the whole lines are streamed either
  * at once, by cypool_pending_finish, or one an iteration by the next
- * plane's vertical pass (cypool_flat3_v_f32), so that they drain while that
- * plane is pooled instead of stalling the core in one burst;
- * cypool_pending_finish streams what is left and writes the partial last
- * line with plain stores. */
+ * plane's passes (cypool_flat3_h_f32, then cypool_flat3_v_f32), so that
+ * they drain while that plane is pooled instead of stalling the core in one
+ * burst; cypool_pending_finish streams what is left and writes the partial
+ * last line with plain stores. */
 typedef struct {
     char *dst;           /* where the next index goes */
     const int32_t *src;  /* the next index */
@@ -327,6 +327,17 @@ static inline void cypool_pending_start(cypool_pending *p, void *dst, const int3
     p->wide = wide;
 }
 
+/* One iteration of a flat 3x3 pass: streams the next whole line of q, if
+ * any is left. */
+static inline void cypool_pending_step(cypool_pending *q)
+{
+    size_t per = q->wide ? 8 : 16;
+    if (q->left >= per) {
+        cypool_stream_line(q->dst, q->src, q->wide);
+        q->dst += 64; q->src += per; q->left -= per;
+    }
+}
+
 static inline void cypool_pending_finish(cypool_pending *p)
 {
     cypool_pending q = *p;  /* in registers: the stores could alias *p */
@@ -339,18 +350,78 @@ static inline void cypool_pending_finish(cypool_pending *p)
     p->left = 0;
 }
 
-/* The vertical pass of the flat 3x3 max pool for float32 planes without NaN
- * and int32 indices (_flat3_v_fast in cypool/_maxpool.pxi, same results),
- * streaming one line of the pending plane an iteration. MAXPS returns its
- * second operand on ties, as "v if v > m else m" keeps m. */
+/* The two passes of the flat 3x3 max pool for float32 planes without NaN
+ * and int32 indices (_flat3_h_fast and _flat3_v_fast in
+ * cypool/_maxpool.pxi, same results). Each streams a line of the pending
+ * plane an iteration while lines are left (cypool_pending_step), so the
+ * stores drain while the plane is pooled instead of stalling the core in
+ * one burst. A plane of int64 indices has about as many lines as a pass
+ * has iterations, so the horizontal pass carries nearly all of them.
+ * Measured here on [16, 256, 28, 28] with int64 indices, one thread, planes
+ * in L2 or not: 352 ns a plane, against 365-385 with a line every other
+ * iteration of both passes and 392-395 with only the vertical pass
+ * streaming (the Cython horizontal pass could not); on two threads all
+ * three were within the noise. MAXPS computes v > m ? v : m and MINPS
+ * a < c ? a : c, exactly as the Cython loops do. */
 #if defined(__AVX2__)
-#define CYPOOL_FLAT3_V_SIMD 1
+#define CYPOOL_FLAT3_SIMD 1
+/* Horizontal pass over flat positions [lo, hi), 0 < lo, hi < H*W; returns
+ * whether some x[p] there is NaN (then the results are wrong). */
+static inline int cypool_flat3_h_f32(const float *x, const float *lcap, const float *rcap,
+                                     float *hv, int32_t *hc, ptrdiff_t lo, ptrdiff_t hi,
+                                     cypool_pending *pend)
+{
+    cypool_pending q = *pend;
+    const __m256 low = _mm256_set1_ps(-INFINITY);
+    const __m256i eight = _mm256_set1_epi32(8);
+    __m256i q0 = _mm256_add_epi32(_mm256_set1_epi32((int32_t)lo),
+                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i q1 = _mm256_add_epi32(q0, _mm256_set1_epi32(1));
+    __m256 nan = _mm256_setzero_ps();
+    ptrdiff_t p = lo;
+    for (; p + 8 <= hi; p += 8) {
+        __m256 c = _mm256_loadu_ps(x + p), cap = _mm256_loadu_ps(lcap + p);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        /* The left tap capped (-inf in the left padding), with its index, or
+         * the centre's there (the mask is -1 where the left tap is in). */
+        __m256 m = _mm256_min_ps(_mm256_loadu_ps(x + p - 1), cap);
+        __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(
+            q0, _mm256_castps_si256(_mm256_cmp_ps(cap, low, _CMP_GT_OQ))));
+        __m256 t = _mm256_cmp_ps(c, m, _CMP_GT_OQ);
+        k = _mm256_blendv_ps(k, _mm256_castsi256_ps(q0), t);
+        m = _mm256_max_ps(c, m);
+        __m256 b = _mm256_min_ps(_mm256_loadu_ps(x + p + 1), _mm256_loadu_ps(rcap + p));
+        t = _mm256_cmp_ps(b, m, _CMP_GT_OQ);
+        _mm256_storeu_ps((float *)(hc + p), _mm256_blendv_ps(k, _mm256_castsi256_ps(q1), t));
+        _mm256_storeu_ps(hv + p, _mm256_max_ps(b, m));
+        q0 = _mm256_add_epi32(q0, eight);
+        q1 = _mm256_add_epi32(q1, eight);
+        cypool_pending_step(&q);
+    }
+    int any = _mm256_movemask_ps(nan) != 0;
+    for (; p < hi; p++) {
+        float c = x[p], cap = lcap[p], a = x[p - 1], m = a < cap ? a : cap, b;
+        int32_t k = (int32_t)p - (cap > -INFINITY);
+        any |= c != c;
+        k = c > m ? (int32_t)p : k;
+        m = c > m ? c : m;
+        b = x[p + 1];
+        cap = rcap[p];
+        b = b < cap ? b : cap;
+        hc[p] = b > m ? (int32_t)p + 1 : k;
+        hv[p] = b > m ? b : m;
+    }
+    *pend = q;
+    return any;
+}
+
+/* Vertical pass over the H + 2 rows of horizontal results (padding rows
+ * first and last), writing n = H * W outputs. */
 static inline void cypool_flat3_v_f32(const float *hv, const int32_t *hc, float *op,
                                       int32_t *ip, ptrdiff_t n, ptrdiff_t W,
                                       cypool_pending *pend)
 {
     cypool_pending q = *pend;  /* in registers for the loop */
-    const size_t per = q.wide ? 8 : 16;
     ptrdiff_t p = 0;
     for (; p + 8 <= n; p += 8) {
         __m256 m = _mm256_loadu_ps(hv + p);
@@ -364,10 +435,7 @@ static inline void cypool_flat3_v_f32(const float *hv, const int32_t *hc, float 
         k = _mm256_blendv_ps(k, _mm256_loadu_ps((const float *)(hc + p + 2 * W)), t);
         _mm256_storeu_ps(op + p, _mm256_max_ps(v, m));
         _mm256_storeu_ps((float *)(ip + p), k);
-        if (q.left >= per) {
-            cypool_stream_line(q.dst, q.src, q.wide);
-            q.dst += 64; q.src += per; q.left -= per;
-        }
+        cypool_pending_step(&q);
     }
     for (; p < n; p++) {
         float m = hv[p], v = hv[p + W];
@@ -380,7 +448,14 @@ static inline void cypool_flat3_v_f32(const float *hv, const int32_t *hc, float 
     *pend = q;
 }
 #else
-#define CYPOOL_FLAT3_V_SIMD 0
+#define CYPOOL_FLAT3_SIMD 0
+static inline int cypool_flat3_h_f32(const float *x, const float *lcap, const float *rcap,
+                                     float *hv, int32_t *hc, ptrdiff_t lo, ptrdiff_t hi,
+                                     cypool_pending *pend)
+{
+    (void)x; (void)lcap; (void)rcap; (void)hv; (void)hc; (void)lo; (void)hi; (void)pend;
+    return 1;  /* never called */
+}
 static inline void cypool_flat3_v_f32(const float *hv, const int32_t *hc, float *op,
                                       int32_t *ip, ptrdiff_t n, ptrdiff_t W,
                                       cypool_pending *pend)
