@@ -357,12 +357,13 @@ static inline void cypool_pending_finish(cypool_pending *p)
  * stores drain while the plane is pooled instead of stalling the core in
  * one burst. A plane of int64 indices has about as many lines as a pass
  * has iterations, so the horizontal pass carries nearly all of them.
- * Measured here on [16, 256, 28, 28] with int64 indices, one thread, planes
- * in L2 or not: 352 ns a plane, against 365-385 with a line every other
- * iteration of both passes and 392-395 with only the vertical pass
- * streaming (the Cython horizontal pass could not); on two threads all
- * three were within the noise. MAXPS computes v > m ? v : m and MINPS
- * a < c ? a : c, exactly as the Cython loops do. */
+ * Measured here on [16, 256, 28, 28] with int64 indices, one thread, the
+ * best of repeated timings: 338-369 ns a plane, against 365-385 with a line
+ * every other iteration of both passes and 368-395 with only the vertical
+ * pass streaming (the Cython horizontal pass could not); on two threads
+ * 173-199 against 188-215, the every-other schedule within the noise.
+ * MAXPS computes v > m ? v : m and MINPS a < c ? a : c, exactly as the
+ * Cython loops do. */
 #if defined(__AVX2__)
 #define CYPOOL_FLAT3_SIMD 1
 /* Horizontal pass over flat positions [lo, hi), 0 < lo, hi < H*W; returns
