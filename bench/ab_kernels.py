@@ -1,0 +1,149 @@
+"""A/B timing of two builds of the max-pool kernel, interleaved in one process.
+
+Run: python bench/ab_kernels.py BASE [NEW] [--shape 16,256,28,28] [--kernel 3]
+     [--stride 1] [--padding 1] [--index-dtype int64] [--threads 2] [--rounds 9]
+
+BASE and NEW are git revisions of this repository (NEW defaults to the
+working tree). Each side's cypool/ sources are compiled here as the "avx2"
+variant (x86-64-v3), with its own revision's Cython directives from
+setup.py, into a module of its own name (Python can't load two builds under
+one name), and max_pool2d_forward is called directly on preallocated
+outputs, so no allocation or page fault is timed. After checking that both
+give the same outputs and indices, each round times every side in turn
+(a warm-up, then five timings of about 2 ms of calls); the best of the five
+is that round's time. Prints, per side, the best and the median round in ns
+per plane, and NEW / BASE.
+
+This is a developer's tool for a kernel change: it needs git, Cython and gcc,
+and measures one path on this machine. The suite (run_all.py) measures the
+installed package against its peers.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The flags setup.py gives the avx2 variant (base_compile_args, OpenMP, VARIANTS).
+CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-tautological-compare",
+          "-fopenmp", "-march=x86-64-v3", "-mtune=generic"]
+
+
+def sources(rev: str | None, dest: str) -> str:
+    """cypool/ and setup.py of revision rev (None: the working tree) in dest."""
+    if rev is None:
+        shutil.copytree(os.path.join(ROOT, "cypool"), os.path.join(dest, "cypool"))
+        shutil.copy(os.path.join(ROOT, "setup.py"), dest)
+    else:
+        archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "cypool", "setup.py"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return dest
+
+
+def directives(setup_py: str) -> dict:
+    """The DIRECTIVES dict of a setup.py, read without running it."""
+    for node in ast.parse(open(setup_py).read()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "DIRECTIVES"
+                                                for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise SystemExit(f"no DIRECTIVES in {setup_py}")
+
+
+def build(rev: str | None, name: str, out_dir: str) -> None:
+    """Compile revision rev's kernels as module `name` in out_dir."""
+    src = sources(rev, tempfile.mkdtemp(prefix=f"cypool-ab-{name}-"))
+    pkg = os.path.join(src, "cypool")
+    with open(os.path.join(pkg, "_kernels_avx2.pyx")) as f:
+        text = f.read()
+    pyx = os.path.join(pkg, f"{name}.pyx")
+    with open(pyx, "w") as f:
+        f.write(text)
+    flags = [f"-X{k}={v}" for k, v in directives(os.path.join(src, "setup.py")).items()
+             if k != "language_level"]
+    c_file = os.path.join(pkg, f"{name}.c")
+    subprocess.run([sys.executable, "-m", "cython", "-3", *flags, pyx, "-o", c_file],
+                   check=True, capture_output=True)
+    so = os.path.join(out_dir, name + sysconfig.get_config_var("EXT_SUFFIX"))
+    cc = os.environ.get("CC", "gcc")
+    subprocess.run([cc, "-shared", "-fPIC", *CFLAGS, "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION",
+                    "-I" + sysconfig.get_paths()["include"], "-I" + np.get_include(), "-I" + pkg,
+                    c_file, "-o", so], check=True)
+    shutil.rmtree(src, ignore_errors=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("base")
+    ap.add_argument("new", nargs="?")
+    ap.add_argument("--shape", default="16,256,28,28")
+    ap.add_argument("--kernel", type=int, default=3)
+    ap.add_argument("--stride", type=int, default=1)
+    ap.add_argument("--padding", type=int, default=1)
+    ap.add_argument("--index-dtype", default="int64", choices=["int32", "int64"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args(argv)
+    shape = tuple(int(v) for v in args.shape.split(","))
+    k, s, p = args.kernel, args.stride, args.padding
+
+    out_dir = tempfile.mkdtemp(prefix="cypool-ab-")
+    sys.path.insert(0, out_dir)
+    sides = {"base": args.base, "new": args.new}
+    mods = {}
+    for tag, rev in sides.items():
+        build(rev, f"_ab_{tag}", out_dir)
+        mods[tag] = importlib.import_module(f"_ab_{tag}")
+
+    x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    planes = x.reshape(-1, shape[-2], shape[-1])
+    P, H, W = planes.shape
+    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1
+    bufs = {tag: (np.empty((P, OH, OW), np.float32), np.empty((P, OH, OW), args.index_dtype))
+            for tag in mods}
+
+    def call(tag):
+        out, idx = bufs[tag]
+        mods[tag].max_pool2d_forward(planes, out, idx, True, False, True,
+                                     k, k, s, s, p, p, 1, 1, args.threads)
+
+    for tag in mods:
+        call(tag)
+    if not (np.array_equal(bufs["base"][0], bufs["new"][0])
+            and np.array_equal(bufs["base"][1], bufs["new"][1])):
+        raise SystemExit("the two builds disagree")
+    t = time.perf_counter()
+    call("base")
+    inner = max(1, int(2e-3 / max(time.perf_counter() - t, 1e-6)))
+    rounds = {tag: [] for tag in mods}
+    for _ in range(args.rounds):
+        for tag in mods:
+            for _ in range(inner):
+                call(tag)
+            best = float("inf")
+            for _ in range(5):
+                t = time.perf_counter()
+                for _ in range(inner):
+                    call(tag)
+                best = min(best, (time.perf_counter() - t) / inner)
+            rounds[tag].append(best / P * 1e9)
+    label = {"base": args.base, "new": args.new or "working tree"}
+    for tag, v in rounds.items():
+        print(f"{label[tag]:>14}: best {min(v):.1f}, median {np.median(v):.1f} ns a plane")
+    print(f"new / base: best {min(rounds['new']) / min(rounds['base']):.3f}, "
+          f"median {np.median(rounds['new']) / np.median(rounds['base']):.3f}")
+    shutil.rmtree(out_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
