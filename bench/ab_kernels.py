@@ -8,7 +8,10 @@ working tree). Each side's cypool/ sources are compiled here as the "avx2"
 variant (x86-64-v3), with its own revision's Cython directives from
 setup.py, into a module of its own name (Python can't load two builds under
 one name), and max_pool2d_forward is called directly on preallocated
-outputs, so no allocation or page fault is timed. After checking that both
+outputs, with the indices' streaming stores on (max_pool2d turns them on
+only where the input and output fit in the last-level cache and the
+indices on top would not: cypool._backend.streams), so no allocation or
+page fault is timed. After checking that both
 give the same outputs and indices, each round times every side in turn
 (a warm-up, then five timings of about 2 ms of calls); the best of the five
 is that round's time. Prints, per side, the best and the median round in ns

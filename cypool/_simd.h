@@ -358,7 +358,7 @@ static inline void cypool_pending_finish(cypool_pending *p)
  * one burst. A plane of int64 indices has about as many lines as a pass
  * has iterations, so the horizontal pass carries nearly all of them.
  * Measured here on [16, 256, 28, 28] with int64 indices, one thread, the
- * best of repeated timings: 338-369 ns a plane, against 365-385 with a line
+ * best of repeated timings: 338-369 ns a plane, against 364-386 with a line
  * every other iteration of both passes and 368-395 with only the vertical
  * pass streaming (the Cython horizontal pass could not); on two threads
  * 173-199 against 188-215, the every-other schedule within the noise.
