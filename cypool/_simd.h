@@ -327,25 +327,25 @@ static inline void cypool_pending_start(cypool_pending *p, void *dst, const int3
     p->wide = wide;
 }
 
-/* One iteration of a flat 3x3 pass: streams the next whole line of q, if
- * any is left. */
-static inline void cypool_pending_step(cypool_pending *q)
+/* Streams the next whole line of q, if any is left; returns whether it
+ * did. Without streaming stores cypool_pending_start leaves no whole line
+ * pending, so this never fires there. One call per iteration of a flat
+ * 3x3 pass. */
+static inline int cypool_pending_step(cypool_pending *q)
 {
     size_t per = q->wide ? 8 : 16;
-    if (q->left >= per) {
-        cypool_stream_line(q->dst, q->src, q->wide);
-        q->dst += 64; q->src += per; q->left -= per;
-    }
+    if (q->left < per)
+        return 0;
+    cypool_stream_line(q->dst, q->src, q->wide);
+    q->dst += 64; q->src += per; q->left -= per;
+    return 1;
 }
 
 static inline void cypool_pending_finish(cypool_pending *p)
 {
     cypool_pending q = *p;  /* in registers: the stores could alias *p */
-#ifdef CYPOOL_STREAM_VEC
-    size_t per = q.wide ? 8 : 16;
-    for (; q.left >= per; q.left -= per, q.dst += 64, q.src += per)
-        cypool_stream_line(q.dst, q.src, q.wide);
-#endif
+    while (cypool_pending_step(&q))
+        ;
     cypool_plain_copy(q.dst, q.src, q.left, q.wide);
     p->left = 0;
 }
