@@ -6,14 +6,17 @@ Cython + OpenMP kernels behind numpy functions and layer classes:
   the layers :class:`MaxPool2d`, :class:`MaxUnpool2d`;
 * :func:`argmax2d`, the (row, col) of every feature map's maximum, and the
   layer :class:`GlobalMaxPool2d`;
+* :func:`conv2d`, :func:`conv2d_backward`: standard NCHW convolution, and
+  the layer :class:`Conv2d`;
 * :func:`vector_conv2d`, :func:`vector_conv2d_backward`: convolution over
   images whose pixels are vectors, and the layer :class:`VectorConv2d`.
 """
 from ._backend import show_config
 from .argmax import argmax2d
 from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
+from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
-from .layers import GlobalMaxPool2d, Layer, MaxPool2d, MaxUnpool2d, VectorConv2d
+from .layers import Conv2d, GlobalMaxPool2d, Layer, MaxPool2d, MaxUnpool2d, VectorConv2d
 
 __version__ = "0.1.0"
 
@@ -27,6 +30,9 @@ __all__ = [
     "argmax2d",
     "GlobalMaxPool2d",
     "show_config",
+    "conv2d",
+    "conv2d_backward",
+    "Conv2d",
     "vector_conv2d",
     "vector_conv2d_backward",
     "VectorConv2d",

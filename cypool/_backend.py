@@ -192,6 +192,20 @@ def kernel(name: str, *dtypes: np.dtype):
     return fn
 
 
+def padded_columns(a: np.ndarray) -> np.ndarray:
+    """a (rows, n) as C-contiguous (rows, n') with zero columns up to a
+    multiple of the convolution tiles' channel block, so that every
+    register tile is a full one."""
+    blk = kernel("channel_block")()
+    n = a.shape[1]
+    npad = -(-n // blk) * blk
+    if npad == n:
+        return np.ascontiguousarray(a)
+    out = np.zeros((a.shape[0], npad), dtype=a.dtype)
+    out[:, :n] = a
+    return out
+
+
 def show_config(file=None) -> None:
     """Print the kernel variant in use, the variants built, the OpenMP
     runtime and the default thread count."""

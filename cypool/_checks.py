@@ -227,3 +227,100 @@ def unpool_geometry(H: int, W: int, kernel_size, stride, padding, output_size):
     if size[0] < 1 or size[1] < 1:
         raise ValueError(f"padding {(ph, pw)} leaves an empty unpooled output {size}")
     return size
+
+
+# Largest stride, padding or dilation accepted: anything larger has no use
+# on an array that fits in memory, and would overflow the kernels' integers.
+PARAM_LIMIT = 2**31 - 1
+
+
+def _bounded(values, name: str):
+    if any(v > PARAM_LIMIT for v in values):
+        raise ValueError(f"{name} must be at most {PARAM_LIMIT}, got {values}")
+    return values
+
+
+def conv_padding(padding, kh: int, kw: int, dh: int, dw: int, sh: int, sw: int):
+    """Checked (ph_lo, ph_hi, pw_lo, pw_hi) for an int, a pair, 'valid' or
+    'same' (torch's rule: the extra padding of an even kernel goes on the
+    bottom and right; only for stride 1)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0, 0, 0
+        if padding == "same":
+            if sh != 1 or sw != 1:
+                raise ValueError(f"padding='same' needs stride 1, got stride {(sh, sw)}")
+            th, tw = dh * (kh - 1), dw * (kw - 1)
+            return th // 2, th - th // 2, tw // 2, tw - tw // 2
+        raise ValueError(f"padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    ph, pw = _bounded(pair(padding, "padding"), "padding")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    return ph, ph, pw, pw
+
+
+def conv_params(kh: int, kw: int, stride, padding, dilation):
+    """Checked (sh, sw, dh, dw, ph_lo, ph_hi, pw_lo, pw_hi) of a convolution
+    with a (kh, kw) kernel: what can be checked without the input."""
+    sh, sw = _bounded(pair(stride, "stride"), "stride")
+    dh, dw = _bounded(pair(dilation, "dilation"), "dilation")
+    if sh < 1 or sw < 1:
+        raise ValueError(f"stride must be positive, got {(sh, sw)}")
+    if dh < 1 or dw < 1:
+        raise ValueError(f"dilation must be positive, got {(dh, dw)}")
+    return (sh, sw, dh, dw) + conv_padding(padding, kh, kw, dh, dw, sh, sw)
+
+
+@lru_cache(maxsize=512)
+def conv_geometry(H: int, W: int, kh: int, kw: int, stride, padding, dilation):
+    """Checked geometry of a 2-D convolution of an (H, W) plane with a
+    (kh, kw) kernel: (sh, sw, dh, dw, ph_lo, ph_hi, pw_lo, pw_hi, OH, OW).
+    stride, padding, dilation: as hashable() makes them."""
+    params = conv_params(kh, kw, unhashable(stride), unhashable(padding), unhashable(dilation))
+    sh, sw, dh, dw, ph0, ph1, pw0, pw1 = params
+    Hp, Wp = H + ph0 + ph1, W + pw0 + pw1
+    if Hp < dh * (kh - 1) + 1 or Wp < dw * (kw - 1) + 1:
+        raise ValueError(
+            f"weight: kernel {(kh, kw)} with dilation {(dh, dw)} is larger than the padded "
+            f"input {(Hp, Wp)}"
+        )
+    OH = (Hp - dh * (kh - 1) - 1) // sh + 1
+    OW = (Wp - dw * (kw - 1) - 1) // sw + 1
+    return params + (OH, OW)
+
+
+def hashable(v):
+    """A parameter (int, pair or string) as an exact key for the geometry
+    caches: with its types, so that 2.0 does not hit the entry of 2 (and
+    escape the check that refuses it), and lists as tuples."""
+    if isinstance(v, np.ndarray):
+        v = tuple(v.tolist())
+    if isinstance(v, (list, tuple)):
+        return tuple((type(e), e) for e in v)
+    return type(v), v
+
+
+def unhashable(key):
+    """The parameter that hashable() made key of."""
+    if not key or isinstance(key[0], tuple):
+        return tuple(e for _, e in key)
+    return key[1]
+
+
+def same_dtype(name: str, a: np.ndarray, ref_name: str, ref: np.ndarray) -> None:
+    if a.dtype != ref.dtype:
+        raise TypeError(f"{name} dtype {a.dtype} must match {ref_name} dtype {ref.dtype}")
+
+
+def out_arg(out, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """out= as numpy means it: an array of exactly this shape and dtype,
+    written in place; it must be C-contiguous and writable here."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"out must have shape {shape}, got {out.shape}")
+    if out.dtype != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be a writable, C-contiguous array")
+    return out

@@ -12,10 +12,11 @@ import numpy as np
 from . import _checks as chk
 from .argmax import argmax2d
 from .pooling import _backward_of_forward, max_pool2d, max_pool2d_backward, max_unpool2d
+from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
 from ._backend import kernel, threads_for
 
-__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d", "VectorConv2d"]
+__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d", "Conv2d", "VectorConv2d"]
 
 
 class Layer:
@@ -200,25 +201,8 @@ class VectorConv2d(Layer):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  bias=True, dtype=np.float32, rng=None, *, num_threads=None):
         super().__init__()
-        cin = chk.as_int(in_channels, "in_channels")
-        cout = chk.as_int(out_channels, "out_channels")
-        if cin < 1 or cout < 1:
-            raise ValueError(f"in_channels and out_channels must be positive, got {cin}, {cout}")
-        kh, kw = chk.pair(kernel_size, "kernel_size")
-        if kh < 1 or kw < 1:
-            raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
-        dt = np.dtype(dtype)
-        if dt not in chk.FLOAT_DTYPES:
-            raise TypeError(f"dtype must be float32 or float64, got {dt}")
-        chk.num_threads_arg(num_threads)
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        bound = 1.0 / np.sqrt(cin * kh * kw)
-        self.weight = gen.uniform(-bound, bound, size=(cout, cin, kh, kw)).astype(dt)
-        self.bias = gen.uniform(-bound, bound, size=cout).astype(dt) if bias else None
-        self.stride, self.padding, self.dilation = stride, padding, dilation
-        self.num_threads = num_threads
-        self.grad_weight = None
-        self.grad_bias = None
+        _conv_init(self, in_channels, out_channels, kernel_size, stride, padding, dilation, bias,
+                   dtype, rng, num_threads, chk.step_params)
 
     def forward(self, x):
         """Convolve x; in training mode keep it for backward."""
@@ -241,3 +225,81 @@ class VectorConv2d(Layer):
         O, C, kh, kw = self.weight.shape
         return (f"VectorConv2d({C}, {O}, kernel_size={(kh, kw)}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, bias={self.bias is not None})")
+
+
+def _conv_init(layer, in_channels, out_channels, kernel_size, stride, padding, dilation, bias, dtype,
+               rng, num_threads, check_params):
+    """Shared constructor of the convolution layers: checks every parameter
+    now, not at the first forward, and initialises .weight and .bias like
+    torch.nn.Conv2d (uniform in +-1/sqrt(fan_in))."""
+    cin = chk.as_int(in_channels, "in_channels")
+    cout = chk.as_int(out_channels, "out_channels")
+    if cin < 1 or cout < 1:
+        raise ValueError(f"in_channels and out_channels must be positive, got {cin}, {cout}")
+    kh, kw = chk.pair(kernel_size, "kernel_size")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
+    dt = np.dtype(dtype)
+    if dt not in chk.FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    chk.num_threads_arg(num_threads)
+    check_params(stride, padding, dilation)
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    bound = 1.0 / np.sqrt(cin * kh * kw)
+    layer.weight = gen.uniform(-bound, bound, size=(cout, cin, kh, kw)).astype(dt)
+    layer.bias = gen.uniform(-bound, bound, size=cout).astype(dt) if bias else None
+    layer.stride, layer.padding, layer.dilation = stride, padding, dilation
+    layer.num_threads = num_threads
+    layer.grad_weight = None
+    layer.grad_bias = None
+
+
+def _conv_params(kernel_size):
+    """The parameter check of Conv2d (padding may be 'same' or 'valid')."""
+    kh, kw = chk.pair(kernel_size, "kernel_size")
+    return lambda s, p, d: chk.conv_params(kh, kw, s, p, d)
+
+
+class Conv2d(Layer):
+    """2-D convolution layer for NCHW images (see :func:`cypool.conv2d`),
+    ``(N, C, H, W)`` or ``(C, H, W)``.
+
+    ``.weight`` ``(out_channels, in_channels, kh, kw)`` and ``.bias``
+    ``(out_channels,)`` (or None) are initialised like ``torch.nn.Conv2d``:
+    uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, fan_in = in_channels *
+    kh * kw, drawn from ``rng`` (a ``numpy.random.Generator`` or a seed).
+    ``backward(grad_output)`` fills ``.grad_weight`` and ``.grad_bias`` and
+    returns the input gradient (``needs_input_grad=False`` skips it, for a
+    first layer); in eval mode forward keeps nothing. Update ``.weight``
+    and ``.bias`` in place or assign new arrays: each call reads them anew.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 bias=True, dtype=np.float32, rng=None, *, num_threads=None):
+        super().__init__()
+        _conv_init(self, in_channels, out_channels, kernel_size, stride, padding, dilation, bias,
+                   dtype, rng, num_threads, _conv_params(kernel_size))
+
+    def forward(self, x, *, out=None):
+        """Convolve x (into ``out`` if given); in training mode keep x for backward."""
+        res = conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, out=out,
+                     num_threads=self.num_threads)
+        if self.training:
+            self._cache = x
+        return res
+
+    def backward(self, grad_output, *, needs_input_grad=True):
+        """Fill .grad_weight and .grad_bias; return the input gradient (None
+        with ``needs_input_grad=False``)."""
+        x = self._saved()
+        gx, gw, gb = conv2d_backward(grad_output, x, self.weight, self.stride, self.padding,
+                                     self.dilation, needs_input_grad=needs_input_grad,
+                                     num_threads=self.num_threads)
+        self.grad_weight = gw
+        self.grad_bias = gb if self.bias is not None else None
+        return gx
+
+    def __repr__(self):
+        O, C, kh, kw = self.weight.shape
+        return (f"Conv2d({C}, {O}, kernel_size={(kh, kw)}, stride={self.stride}, "
+                f"padding={self.padding!r}, dilation={self.dilation}, bias={self.bias is not None})")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
-from ._backend import kernel, threads_for
+from ._backend import kernel, padded_columns, threads_for
 
 __all__ = ["vector_conv2d", "vector_conv2d_backward"]
 
@@ -28,19 +28,6 @@ def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
     per = max(1, rows * row_vectors * itemsize)
     ec = max(48, (_L2_BUDGET // per) // 48 * 48)
     return E if ec >= E else ec
-
-
-def _padded_columns(a: np.ndarray) -> np.ndarray:
-    """a (rows, n) as C-contiguous (rows, n') with zero columns up to a multiple
-    of the kernels' channel block, so that every register tile is full."""
-    blk = kernel("channel_block")()
-    n = a.shape[1]
-    npad = -(-n // blk) * blk
-    if npad == n:
-        return np.ascontiguousarray(a)
-    out = np.zeros((a.shape[0], npad), dtype=a.dtype)
-    out[:, :n] = a
-    return out
 
 
 def _conv_args(x, weight, stride, padding, dilation, xname="x"):
@@ -102,9 +89,9 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
             raise TypeError(f"bias dtype {b.dtype} must match x dtype {dt}")
         if b.shape != (O,):
             raise ValueError(f"bias must have shape ({O},) for {O} output channels, got {b.shape}")
-        b = _padded_columns(b[None, :])[0]
+        b = padded_columns(b[None, :])[0]
     xc = chk.contiguous(x5, dt)
-    wt = _padded_columns(weight.reshape(O, C * kh * kw).T)  # (K, O padded): one row per tap
+    wt = padded_columns(weight.reshape(O, C * kh * kw).T)  # (K, O padded): one row per tap
     out = np.empty((N, O, OH, OW, E), dtype=dt)
     threads = threads_for(nt, xc.size + out.size, N * OH * OW)
     kh_, kw_, sh_, sw_ = geom[:4]
@@ -150,7 +137,7 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     grad_x = grad_w = None
     work = g5.size + x5.size
     if needs_input_grad:
-        w2 = _padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
+        w2 = padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
         gx = np.empty((N, C, H, W, E), dtype=dt)
         threads = threads_for(nt, work, N * H * W)
         ec = _e_chunk(E, -(-kh // sh), O * OW, dt.itemsize)  # input rows reach ceil(kh/sh) output rows

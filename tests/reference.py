@@ -146,3 +146,46 @@ def vector_conv2d_backward(g, x, w, stride, padding, dilation):
                         gx[:, :, r, c, :] += np.einsum("noe,oc->nce", g[:, :, oh, ow, :], w[:, :, i, j])
                         gw[:, :, i, j] += np.einsum("noe,nce->oc", g[:, :, oh, ow, :], x[:, :, r, c, :])
     return gx, gw, g[..., 0].sum(axis=(0, 2, 3))
+
+
+def conv2d(x, w, b, stride, padding, dilation):
+    """Standard NCHW convolution by explicit loops over taps on a zero-padded
+    copy: x (N, C, H, W), w (O, C, kh, kw), padding ((top, bottom), (left,
+    right)); the bias is added to every output element."""
+    N, C, H, W = x.shape
+    O, _, kh, kw = w.shape
+    (sh, sw), ((pt, pb), (pl, pr)), (dh, dw) = stride, padding, dilation
+    xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
+    xp[:, :, pt:pt + H, pl:pl + W] = x
+    OH = (H + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((N, O, OH, OW))
+    for oh in range(OH):
+        for ow in range(OW):
+            for i in range(kh):
+                for j in range(kw):
+                    patch = xp[:, :, oh * sh + i * dh, ow * sw + j * dw]  # (N, C)
+                    out[:, :, oh, ow] += patch @ w[:, :, i, j].T
+    if b is not None:
+        out += b[None, :, None, None]
+    return out
+
+
+def conv2d_backward(g, x, w, stride, padding, dilation):
+    """(grad_x, grad_w, grad_bias) of conv2d by the same loops, transposed."""
+    N, C, H, W = x.shape
+    O, _, kh, kw = w.shape
+    (sh, sw), ((pt, pb), (pl, pr)), (dh, dw) = stride, padding, dilation
+    xp = np.zeros((N, C, H + pt + pb, W + pl + pr))
+    xp[:, :, pt:pt + H, pl:pl + W] = x
+    gxp = np.zeros_like(xp)
+    gw = np.zeros(w.shape)
+    OH, OW = g.shape[2:]
+    for oh in range(OH):
+        for ow in range(OW):
+            for i in range(kh):
+                for j in range(kw):
+                    r, c = oh * sh + i * dh, ow * sw + j * dw
+                    gxp[:, :, r, c] += g[:, :, oh, ow] @ w[:, :, i, j]
+                    gw[:, :, i, j] += g[:, :, oh, ow].T @ xp[:, :, r, c]
+    return gxp[:, :, pt:pt + H, pl:pl + W], gw, g.sum(axis=(0, 2, 3))

@@ -99,3 +99,85 @@ def test_layer_rejects_bad_parameters_at_construction():
         cypool.MaxPool2d("2")
     with pytest.raises(ValueError, match="num_threads"):
         cypool.MaxPool2d(2, num_threads=-1)
+
+
+CX = np.zeros((1, 2, 6, 6), np.float32)
+CW = np.zeros((3, 2, 3, 3), np.float32)
+
+
+@pytest.mark.parametrize("kwargs, exc, name", [
+    (dict(x=np.zeros((6, 6), np.float32)), ValueError, "x"),
+    (dict(x=np.zeros((1, 1, 2, 6, 6), np.float32)), ValueError, "x"),
+    (dict(x=np.zeros((1, 2, 0, 6), np.float32)), ValueError, "x"),
+    (dict(x=np.zeros((1, 2, 6, 6), np.int32)), TypeError, "x"),
+    (dict(x=np.zeros((1, 2, 6, 6), np.float16)), TypeError, "x"),
+    (dict(x=np.zeros((1, 2, 6, 6), np.float64)), TypeError, "weight"),
+    (dict(weight=np.zeros((3, 3, 3, 3), np.float32)), ValueError, "channels"),
+    (dict(weight=np.zeros((3, 2, 3), np.float32)), ValueError, "weight"),
+    (dict(weight=np.zeros((3, 2, 7, 3), np.float32)), ValueError, "weight"),
+    (dict(weight=np.zeros((3, 2, 3, 3), np.float32), dilation=3), ValueError, "weight"),
+    (dict(bias=np.zeros(2, np.float32)), ValueError, "bias"),
+    (dict(bias=np.zeros((3, 1), np.float32)), ValueError, "bias"),
+    (dict(bias=np.zeros(3, np.float64)), TypeError, "bias"),
+    (dict(stride=0), ValueError, "stride"),
+    (dict(stride=(1, -2)), ValueError, "stride"),
+    (dict(stride=2**63), ValueError, "stride"),
+    (dict(stride=1.0), TypeError, "stride"),
+    (dict(dilation=0), ValueError, "dilation"),
+    (dict(dilation=2**40), ValueError, "dilation"),
+    (dict(padding=-1), ValueError, "padding"),
+    (dict(padding=2**63), ValueError, "padding"),
+    (dict(padding="full"), ValueError, "padding"),
+    (dict(padding="same", stride=2), ValueError, "padding"),
+    (dict(padding=(1, 1, 1)), ValueError, "padding"),
+    (dict(num_threads=0), ValueError, "num_threads"),
+    (dict(num_threads=-(2**64)), ValueError, "num_threads"),
+])
+def test_conv2d_rejects(kwargs, exc, name):
+    cypool.conv2d(CX, CW, stride=1, padding=0, dilation=1)  # cached: must not let 1.0 through
+    args = dict(x=CX, weight=CW)
+    args.update(kwargs)
+    with pytest.raises(exc, match=name):
+        cypool.conv2d(args.pop("x"), args.pop("weight"), **args)
+
+
+@pytest.mark.parametrize("g, exc, name", [
+    (np.zeros((1, 3, 4, 3), np.float32), ValueError, "grad_output"),
+    (np.zeros((1, 2, 4, 4), np.float32), ValueError, "grad_output"),
+    (np.zeros((3, 4, 4), np.float32), ValueError, "grad_output"),
+    (np.zeros((1, 3, 4, 4), np.float64), TypeError, "grad_output"),
+])
+def test_conv2d_backward_rejects(g, exc, name):
+    with pytest.raises(exc, match=name):
+        cypool.conv2d_backward(g, CX, CW)
+
+
+@pytest.mark.parametrize("kwargs, exc, name", [
+    (dict(in_channels=0), ValueError, "in_channels"),
+    (dict(out_channels=2**70), None, None),
+    (dict(kernel_size=0), ValueError, "kernel_size"),
+    (dict(stride=0), ValueError, "stride"),
+    (dict(padding=-1), ValueError, "padding"),
+    (dict(padding="same", stride=2), ValueError, "padding"),
+    (dict(dilation=(1, 0)), ValueError, "dilation"),
+    (dict(dtype=np.int32), TypeError, "dtype"),
+    (dict(num_threads=-1), ValueError, "num_threads"),
+])
+def test_conv2d_layer_checks_parameters_when_built(kwargs, exc, name):
+    args = dict(in_channels=2, out_channels=3, kernel_size=3)
+    args.update(kwargs)
+    if exc is None:  # too large to allocate: numpy's own MemoryError/ValueError
+        with pytest.raises((MemoryError, ValueError)):
+            cypool.Conv2d(**args)
+        return
+    with pytest.raises(exc, match=name):
+        cypool.Conv2d(**args)
+
+
+def test_conv2d_layer_backward_before_forward():
+    with pytest.raises(RuntimeError, match="forward"):
+        cypool.Conv2d(2, 3, 3).backward(np.zeros((1, 3, 4, 4), np.float32))
+
+
+def test_conv2d_huge_thread_count_is_a_correct_result():
+    np.testing.assert_array_equal(cypool.conv2d(CX, CW, num_threads=2**64), cypool.conv2d(CX, CW))

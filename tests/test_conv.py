@@ -1,0 +1,218 @@
+"""conv2d, conv2d_backward and Conv2d against the loop reference in
+tests/reference.py and, where installed, PyTorch."""
+import numpy as np
+import pytest
+
+import cypool
+import reference as ref
+from conftest import torch_or_skip
+
+
+def random_case(rng, big=False):
+    """(x shape, weight shape, parameters, reference padding)."""
+    while True:
+        kh, kw = (int(v) for v in rng.integers(1, 6, size=2))
+        sh, sw = (int(v) for v in rng.integers(1, 4, size=2))
+        dh, dw = (int(v) for v in rng.integers(1, 3, size=2))
+        H, W = (int(v) for v in rng.integers(1, 30 if big else 12, size=2))
+        if rng.random() < 0.2 and sh == sw == 1:
+            padding, pad = "same", ((dh * (kh - 1) // 2, dh * (kh - 1) - dh * (kh - 1) // 2),
+                                    (dw * (kw - 1) // 2, dw * (kw - 1) - dw * (kw - 1) // 2))
+        else:
+            ph, pw = (int(v) for v in rng.integers(0, 5, size=2))
+            padding, pad = (ph, pw), ((ph, ph), (pw, pw))
+        if H + sum(pad[0]) >= dh * (kh - 1) + 1 and W + sum(pad[1]) >= dw * (kw - 1) + 1:
+            break
+    N = int(rng.integers(1, 9 if big else 4))
+    C, O = (int(v) for v in rng.integers(1, 20 if big else 6, size=2))
+    geo = dict(stride=(sh, sw), padding=padding, dilation=(dh, dw))
+    return (N, C, H, W), (O, C, kh, kw), geo, pad
+
+
+def tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+
+
+def check_against_reference(rng, xs, ws, geo, pad, dtype, batched, with_bias, num_threads=None,
+                            view=False):
+    if not batched:
+        xs = (1,) + xs[1:]
+    x = rng.standard_normal(xs)
+    w = rng.standard_normal(ws)
+    b = rng.standard_normal(ws[0]) if with_bias else None
+    want = ref.conv2d(x, w, b, geo["stride"], pad, geo["dilation"])
+    g = rng.standard_normal(want.shape)
+    rgx, rgw, rgb = ref.conv2d_backward(g, x, w, geo["stride"], pad, geo["dilation"])
+    xc, wc, gc = x.astype(dtype), w.astype(dtype), g.astype(dtype)
+    if view:  # the same values through non-contiguous, negative-stride views
+        xc = np.ascontiguousarray(xc[:, :, ::-1, :]).transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2)[:, :, ::-1, :]
+        wc = np.asfortranarray(wc)
+        gc = np.ascontiguousarray(gc[..., ::-1])[..., ::-1]
+        assert not xc.flags.c_contiguous and not wc.flags.c_contiguous
+    bc = None if b is None else b.astype(dtype)
+    if not batched:
+        xc, gc, want, rgx, g = xc[0], gc[0], want[0], rgx[0], g[0]
+    out = cypool.conv2d(xc, wc, bc, **geo, num_threads=num_threads)
+    assert out.dtype == dtype and out.flags.c_contiguous and out.shape == want.shape
+    np.testing.assert_allclose(out, want, **tol(dtype))
+    gx, gw, gb = cypool.conv2d_backward(gc, xc, wc, **geo, num_threads=num_threads)
+    assert gx.dtype == gw.dtype == gb.dtype == dtype
+    np.testing.assert_allclose(gx, rgx, **tol(dtype))
+    np.testing.assert_allclose(gw, rgw, **tol(dtype))
+    np.testing.assert_allclose(gb, rgb, **tol(dtype))
+
+
+@pytest.mark.parametrize("trial", range(60))
+def test_matches_reference(rng, trial):
+    xs, ws, geo, pad = random_case(rng)
+    dtype = [np.float32, np.float64][trial % 2]
+    check_against_reference(rng, xs, ws, geo, pad, dtype, batched=trial % 4 != 0,
+                            with_bias=trial % 3 != 0, view=trial % 5 == 0)
+
+
+@pytest.mark.parametrize("trial", range(8))
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_matches_reference_threaded(rng, trial, num_threads):
+    # Large enough to run on a thread team, split by images and by chunks.
+    xs, ws, geo, pad = random_case(rng, big=True)
+    xs = (xs[0], max(xs[1], 8), max(xs[2], 24), max(xs[3], 24))
+    ws = (max(ws[0], 8), xs[1]) + ws[2:]
+    check_against_reference(rng, xs, ws, geo, pad, np.float32, batched=True, with_bias=True,
+                            num_threads=num_threads)
+
+
+def test_large_image_runs_on_the_requested_team(rng):
+    from cypool import _backend
+    if not _backend.kernels.openmp_info()[0]:
+        pytest.skip("serial build")
+    x = rng.standard_normal((1, 16, 64, 64)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    out = cypool.conv2d(x, w, padding=1, num_threads=2)
+    assert _backend.kernels.last_team_size() == 2
+    np.testing.assert_allclose(out, cypool.conv2d(x, w, padding=1, num_threads=1), rtol=1e-6, atol=1e-5)
+
+
+def test_fresh_outputs_are_fully_written(rng):
+    # Poisoned buffers: every element must be written, on every thread count.
+    x = rng.standard_normal((5, 6, 30, 31)).astype(np.float32)
+    w = rng.standard_normal((7, 6, 3, 3)).astype(np.float32)
+    want = cypool.conv2d(x, w, padding=1, num_threads=1)
+    for nt in (1, 2, 4):
+        out = np.full(want.shape, np.nan, np.float32)
+        cypool.conv2d(x, w, padding=1, out=out, num_threads=nt)
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
+
+
+def test_weight_grad_is_deterministic_for_a_thread_count(rng):
+    x = rng.standard_normal((6, 8, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    g = rng.standard_normal((6, 8, 18, 18)).astype(np.float32)
+    first = cypool.conv2d_backward(g, x, w, num_threads=2)[1]
+    for _ in range(3):
+        np.testing.assert_array_equal(cypool.conv2d_backward(g, x, w, num_threads=2)[1], first)
+
+
+def test_special_values_propagate(rng):
+    x = rng.standard_normal((1, 2, 8, 8))
+    x[0, 0, 3, 3] = np.nan
+    x[0, 1, 0, 0] = np.inf
+    w = np.ones((1, 2, 3, 3))
+    out = cypool.conv2d(x, w)
+    want = ref.conv2d(x, w, None, (1, 1), ((0, 0), (0, 0)), (1, 1))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_allclose(out[~np.isnan(out)], want[~np.isnan(want)])
+    assert np.isinf(out[0, 0, 0, 0])
+    const = cypool.conv2d(np.full((1, 1, 5, 5), 2.0), np.full((1, 1, 3, 3), 0.5), np.array([1.0]))
+    np.testing.assert_array_equal(const, 10.0)
+
+
+def test_padding_same_and_valid(rng):
+    x = rng.standard_normal((2, 3, 9, 10))
+    for k, d in [(3, 1), (4, 1), (2, 3), ((2, 5), (2, 1))]:
+        w = rng.standard_normal((4, 3) + ((k, k) if isinstance(k, int) else k))
+        out = cypool.conv2d(x, w, padding="same", dilation=d)
+        assert out.shape[2:] == x.shape[2:]
+    w = rng.standard_normal((4, 3, 3, 3))
+    np.testing.assert_array_equal(cypool.conv2d(x, w, padding="valid"), cypool.conv2d(x, w))
+
+
+def test_out_argument(rng):
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    out = np.empty((2, 4, 7, 7), np.float32)
+    assert cypool.conv2d(x, w, out=out) is out
+    np.testing.assert_array_equal(out, cypool.conv2d(x, w))
+    out1 = np.empty((4, 7, 7), np.float32)
+    assert cypool.conv2d(x[0], w, out=out1) is out1
+    np.testing.assert_array_equal(out1, out[0])
+    for bad, exc in [(np.empty((2, 4, 7, 6), np.float32), ValueError),
+                     (np.empty((2, 4, 7, 7), np.float64), TypeError),
+                     (np.empty((2, 4, 7, 14), np.float32)[..., ::2], ValueError),
+                     ([0.0], TypeError)]:
+        with pytest.raises(exc, match="out"):
+            cypool.conv2d(x, w, out=bad)
+    alias = np.zeros((1, 1, 5, 5), np.float32)
+    with pytest.raises(ValueError, match="out"):
+        cypool.conv2d(alias, np.ones((1, 1, 1, 1), np.float32), out=alias)
+
+
+def test_gradients_not_asked_for_are_none(rng):
+    x = rng.standard_normal((1, 2, 6, 6))
+    w = rng.standard_normal((3, 2, 3, 3))
+    g = rng.standard_normal((1, 3, 4, 4))
+    gx, gw, gb = cypool.conv2d_backward(g, x, w, needs_input_grad=False)
+    assert gx is None and gw is not None
+    gx, gw, gb = cypool.conv2d_backward(g, x, w, needs_weight_grad=False)
+    assert gw is None and gx is not None
+    np.testing.assert_allclose(gb, g.sum(axis=(0, 2, 3)))
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_matches_torch(rng, trial):
+    torch = torch_or_skip()
+    xs, ws, geo, _ = random_case(rng, big=trial % 2 == 1)
+    x = rng.standard_normal(xs)
+    w = rng.standard_normal(ws)
+    b = rng.standard_normal(ws[0])
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(w, requires_grad=True)
+    tb = torch.tensor(b, requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, tb, **geo)
+    g = rng.standard_normal(tuple(ty.shape))
+    ty.backward(torch.tensor(g))
+    np.testing.assert_allclose(cypool.conv2d(x, w, b, **geo), ty.detach().numpy(), rtol=1e-10, atol=1e-10)
+    gx, gw, gb = cypool.conv2d_backward(g, x, w, **geo)
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gb, tb.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_layer_train_eval_and_gradient(rng):
+    layer = cypool.Conv2d(2, 3, 3, padding=1, dtype=np.float64, rng=0)
+    x = rng.standard_normal((2, 2, 5, 5))
+    out = layer(x)
+    np.testing.assert_allclose(out, ref.conv2d(x, layer.weight, layer.bias, (1, 1), ((1, 1), (1, 1)), (1, 1)))
+    g = rng.standard_normal(out.shape)
+    gx = layer.backward(g)
+    rgx, rgw, rgb = ref.conv2d_backward(g, x, layer.weight, (1, 1), ((1, 1), (1, 1)), (1, 1))
+    np.testing.assert_allclose(gx, rgx)
+    np.testing.assert_allclose(layer.grad_weight, rgw)
+    np.testing.assert_allclose(layer.grad_bias, rgb)
+    assert layer.backward(g, needs_input_grad=False) is None
+    layer.eval()
+    layer(x)
+    with pytest.raises(RuntimeError, match="forward"):
+        layer.backward(g)
+    nobias = cypool.Conv2d(2, 3, 3, bias=False, rng=0)
+    nobias(x.astype(np.float32))
+    nobias.backward(np.ones((2, 3, 3, 3), np.float32))
+    assert nobias.bias is None and nobias.grad_bias is None
+
+
+def test_layer_initialised_like_torch():
+    layer = cypool.Conv2d(4, 8, (3, 5), rng=np.random.default_rng(1))
+    bound = 1 / np.sqrt(4 * 3 * 5)
+    assert layer.weight.shape == (8, 4, 3, 5) and layer.weight.dtype == np.float32
+    assert np.abs(layer.weight).max() <= bound and np.abs(layer.bias).max() <= bound
+    assert np.abs(layer.weight).max() > bound / 2
+    np.testing.assert_array_equal(cypool.Conv2d(4, 8, (3, 5), rng=7).weight, cypool.Conv2d(4, 8, (3, 5), rng=7).weight)
