@@ -301,7 +301,9 @@ def hashable(v):
 
 
 def unhashable(key):
-    """The parameter that hashable() made key of."""
+    """The parameter that hashable() made key of (a plain int is its own key)."""
+    if type(key) is int:
+        return key
     if not key or isinstance(key[0], tuple):
         return tuple(e for _, e in key)
     return key[1]

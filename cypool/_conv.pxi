@@ -33,6 +33,12 @@ cdef struct PhaseGeom:
     Py_ssize_t size           # buffer size: sh * sw * C * plane
 
 
+# Zeros after a phase buffer, so that the forward pass may compute a chunk
+# rounded up to whole register tiles (the extra outputs are dropped).
+cdef enum:
+    _SLACK = 64
+
+
 cdef inline void _phase_geom(PhaseGeom* p, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W,
                              Py_ssize_t uh, Py_ssize_t uw, Py_ssize_t plh, Py_ssize_t plw,
                              Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t sh,
@@ -49,9 +55,10 @@ cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const 
                               floating* buf) noexcept nogil:
     """buf = image n of x, zero-padded, upsampled by (uh, uw), split into
     stride phases (see the top of this file)."""
-    cdef Py_ssize_t c, h, w, hh, ww, w_lo, w_hi
+    cdef Py_ssize_t c, h, w, hh, ww, w_lo, w_hi, sx
     cdef floating* row
-    memset(buf, 0, p.size * sizeof(floating))
+    cdef const char* src
+    memset(buf, 0, (p.size + _SLACK) * sizeof(floating))
     # Source columns that land inside the padded width.
     w_lo = 0
     while w_lo < p.W and p.plw + w_lo * p.uw < 0:
@@ -59,20 +66,25 @@ cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const 
     w_hi = p.W
     while w_hi > w_lo and p.plw + (w_hi - 1) * p.uw >= p.Wp:
         w_hi = w_hi - 1
+    sx = x.strides[3]
     for c in range(p.C):
         for h in range(p.H):
             hh = p.plh + h * p.uh
             if hh < 0 or hh >= p.Hp:
                 continue
             row = buf + ((hh % p.sh) * p.sw * p.C + c) * p.plane + (hh // p.sh) * p.Wq
+            src = <const char*>&x[n, c, h, 0]
             if p.sw == 1 and p.uw == 1:
                 row = row + p.plw
-                for w in range(w_lo, w_hi):
-                    row[w] = x[n, c, h, w]
+                if sx == sizeof(floating):
+                    memcpy(row + w_lo, src + w_lo * sx, (w_hi - w_lo) * sizeof(floating))
+                else:
+                    for w in range(w_lo, w_hi):
+                        row[w] = (<const floating*>(src + w * sx))[0]
             else:
                 for w in range(w_lo, w_hi):
                     ww = p.plw + w * p.uw
-                    row[(ww % p.sw) * p.C * p.plane + ww // p.sw] = x[n, c, h, w]
+                    row[(ww % p.sw) * p.C * p.plane + ww // p.sw] = (<const floating*>(src + w * sx))[0]
 
 
 cdef inline void _tap_offsets(const PhaseGeom* p, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t dh,
@@ -120,6 +132,102 @@ cdef floating* _tap_major_weights(const floating[:, :, :, :] w, bint transposed,
     return wt
 
 
+cdef struct ConvJob:
+    # What every work item of a call shares, read-only.
+    PhaseGeom p
+    Py_ssize_t K, Kp          # taps (c, i, j); padded to whole dot-product blocks
+    Py_ssize_t O, Op          # output channels; padded to whole register tiles / blocks
+    Py_ssize_t OH, OW
+    Py_ssize_t L, G, ce       # virtual output length; chunks of it per image, chunk length
+    const Py_ssize_t* off     # tap offsets in the phase buffer
+    const Py_ssize_t* kidx    # 0, 1, ..., Kp - 1
+
+
+cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t Kp, Py_ssize_t O, Py_ssize_t Op,
+                     Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
+                     Py_ssize_t dh, Py_ssize_t dw) noexcept nogil:
+    """Fill the rest of j (j.p set); 1 when out of memory."""
+    cdef Py_ssize_t* off = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
+    cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(Kp * sizeof(Py_ssize_t))
+    cdef Py_ssize_t t
+    j.K = K; j.Kp = Kp; j.O = O; j.Op = Op; j.OH = OH; j.OW = OW; j.ce = ce
+    j.L = (OH - 1) * j.p.Wq + OW
+    j.G = (j.L + ce - 1) // ce
+    j.off = off
+    j.kidx = kidx
+    if off == NULL or kidx == NULL:
+        return 1
+    _tap_offsets(&j.p, kh, kw, dh, dw, off)
+    for t in range(Kp):
+        kidx[t] = t
+    return 0
+
+
+cdef inline void _job_free(ConvJob* j) noexcept nogil:
+    free(<void*>j.off)
+    free(<void*>j.kidx)
+
+
+cdef inline void _set_serial_team() noexcept nogil:
+    global _last_team
+    _last_team = 1
+
+
+cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,
+                        floating[:, :, :, ::1] out, const ConvJob* j, Py_ssize_t q0,
+                        Py_ssize_t q1) noexcept nogil:
+    """Work items [q0, q1) of a forward call, with buffers of this thread's
+    own; 1 when out of memory. Item q is chunk q % G of image q // G."""
+    cdef Py_ssize_t q, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
+    cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
+    cdef floating b
+    cdef floating* src
+    cdef floating* dst
+    cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
+    cdef floating* tmp = <floating*>malloc(j.Op * j.ce * sizeof(floating))
+    cdef const floating** xs = <const floating**>malloc(j.K * sizeof(void*))
+    cdef floating** outs = <floating**>malloc(j.Op * sizeof(void*))
+    cdef const floating** pp = _pack_new(j.K, <floating*>NULL)
+    cdef floating* pack = _pack_rows(pp, j.K)
+    cdef int failed = buf == NULL or tmp == NULL or xs == NULL or outs == NULL or pp == NULL
+    if not failed:
+        for o in range(j.Op):
+            outs[o] = tmp + o * j.ce
+        for q in range(q0, q1):
+            n = q // j.G
+            if n != cur:
+                _fill_phases(x, n, &j.p, buf)
+                cur = n
+            e_lo = (q % j.G) * j.ce
+            ne = min(j.ce, j.L - e_lo)
+            for t in range(j.K):
+                xs[t] = buf + j.off[t] + e_lo
+            # Whole E blocks: the end of the last one reads the slack, and
+            # its outputs past ne are not copied out.
+            _vc_pixel(j.K, xs, wt, j.Op, 0, min(j.ce, (ne + eb - 1) // eb * eb), j.Op, outs,
+                      <const floating*>NULL, pack, pp)
+            # The chunk's real outputs (columns ow < OW), plus the bias.
+            for o in range(j.O):
+                b = bias[o] if bias != NULL else 0
+                e = e_lo
+                while e < e_lo + ne:
+                    oh = e // Wq
+                    ow = e - oh * Wq
+                    e_end = min(e_lo + ne, oh * Wq + Wq)
+                    if ow < j.OW:
+                        src = tmp + o * j.ce + (e - e_lo)
+                        dst = &out[n, o, oh, ow]
+                        for r in range(min(e_end, oh * Wq + j.OW) - e):
+                            dst[r] = src[r] + b
+                    e = e_end
+    free(buf)
+    free(tmp)
+    free(xs)
+    free(outs)
+    free(pp)
+    return failed
+
+
 def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any strides
                    const floating[:, :, :, :] w,     # IN  (O, C, kh, kw), any strides; transposed: (C, O, kh, kw)
                    bint transposed,
@@ -133,184 +241,149 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     dilation (dh, dw). uh = uw = 1 for a forward pass. The input gradient
     runs this on the output gradient with transposed=True: w is then the
     forward's weight, and the convolution uses it flipped, its first two
-    axes swapped. ce: chunk of the virtual output."""
-    cdef PhaseGeom p
-    cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw
-    cdef Py_ssize_t N = x.shape[0], O = out.shape[1], OH = out.shape[2], OW = out.shape[3]
-    cdef Py_ssize_t Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
-    cdef Py_ssize_t L, G, Q, q, q0, q1, n, cur, e_lo, ne, t, o, e, e_end, oh, ow, r
-    cdef int tid
-    cdef Py_ssize_t* off
+    axes swapped. ce: chunk of the virtual output. One thread runs without
+    an OpenMP region."""
+    cdef ConvJob j
+    cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw, Q
+    cdef Py_ssize_t O = out.shape[1], Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
+    cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef floating* wt
-    cdef floating* buf
-    cdef floating* tmp
-    cdef floating* src
-    cdef floating* dst
-    cdef floating b
-    cdef const floating** xs
-    cdef floating** outs
-    cdef const floating** pp
-    cdef floating* pack
-    cdef bint has_bias = bias.shape[0] > 0
+    cdef int tid
     cdef int[1] failed
     cdef int* fail = &failed[0]
-    failed[0] = 0
-    _phase_geom(&p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
-    L = (OH - 1) * p.Wq + OW
-    G = (L + ce - 1) // ce
-    Q = N * G
-    off = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
+    _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
+    failed[0] = _job(&j, K, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw)
     wt = _tap_major_weights(w, transposed, Op)
-    if off == NULL or wt == NULL:
-        free(off)
-        free(wt)
-        raise MemoryError("cypool.conv2d: out of memory")
-    _tap_offsets(&p, kh, kw, dh, dw, off)
-    with nogil, parallel(num_threads=num_threads):
-        _note_team()
-        tid = threadid()
-        q0 = _share_start(Q, tid)
-        q1 = _share_start(Q, tid + 1)
-        buf = <floating*>malloc(p.size * sizeof(floating))
-        tmp = <floating*>malloc(Op * ce * sizeof(floating))
-        xs = <const floating**>malloc(K * sizeof(void*))
-        outs = <floating**>malloc(Op * sizeof(void*))
-        pp = _pack_new(K, <floating*>NULL)
-        pack = _pack_rows(pp, K)
-        if buf == NULL or tmp == NULL or xs == NULL or outs == NULL or pp == NULL:
-            fail[0] = 1
+    Q = x.shape[0] * j.G
+    if not failed[0] and wt != NULL:
+        if num_threads == 1:
+            _set_serial_team()
+            with nogil:
+                failed[0] = _forward_items(x, wt, bptr, out, &j, 0, Q)
         else:
-            for o in range(Op):
-                outs[o] = tmp + o * ce
-            cur = -1
-            for q in range(q0, q1):
-                n = q // G
-                if n != cur:
-                    _fill_phases(x, n, &p, buf)
-                    cur = n
-                e_lo = (q % G) * ce
-                ne = min(ce, L - e_lo)
-                for t in range(K):
-                    xs[t] = buf + off[t] + e_lo
-                _vc_pixel(K, xs, wt, Op, 0, ne, Op, outs, <const floating*>NULL, pack, pp)
-                # The chunk's real outputs (columns ow < OW), plus the bias.
-                for o in range(O):
-                    b = bias[o] if has_bias else 0
-                    e = e_lo
-                    while e < e_lo + ne:
-                        oh = e // p.Wq
-                        ow = e % p.Wq
-                        e_end = min(e_lo + ne, oh * p.Wq + p.Wq)
-                        if ow < OW:
-                            src = tmp + o * ce + (e - e_lo)
-                            dst = &out[n, o, oh, ow]
-                            for r in range(min(e_end, oh * p.Wq + OW) - e):
-                                dst[r] = src[r] + b
-                        e = e_end
-        free(buf)
-        free(tmp)
-        free(xs)
-        free(outs)
-        free(pp)
-    free(off)
+            with nogil, parallel(num_threads=num_threads):
+                _note_team()
+                tid = threadid()
+                if _forward_items(x, wt, bptr, out, &j, _share_start(Q, tid), _share_start(Q, tid + 1)):
+                    fail[0] = 1
+    _job_free(&j)
     free(wt)
-    if failed[0]:
+    if failed[0] or wt == NULL:
         raise MemoryError("cypool.conv2d: out of memory")
+
+
+cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:, :, :, :] x,
+                            floating* gw, floating* gb, const floating* zero, const ConvJob* j,
+                            Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+    """Work items [q0, q1) of a weight gradient, added into gw (Op, Kp) and
+    the bias gradient into gb (O)."""
+    cdef Py_ssize_t q, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
+    cdef const floating* row
+    cdef floating* dst
+    cdef floating acc
+    cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
+    cdef floating* tmp = <floating*>malloc(j.O * j.ce * sizeof(floating))
+    cdef const floating** xs = <const floating**>malloc(j.Kp * sizeof(void*))
+    cdef const floating** gs = <const floating**>malloc(j.Op * sizeof(void*))
+    cdef int failed = buf == NULL or tmp == NULL or xs == NULL or gs == NULL
+    if not failed:
+        for o in range(j.Op):
+            gs[o] = tmp + o * j.ce if o < j.O else zero
+        for t in range(j.K, j.Kp):
+            xs[t] = zero
+        for q in range(q0, q1):
+            n = q // j.G
+            if n != cur:
+                _fill_phases(x, n, &j.p, buf)
+                cur = n
+            e_lo = (q % j.G) * j.ce
+            ne = min(j.ce, j.L - e_lo)
+            # The chunk of grad_out on the virtual index, zeros past each row,
+            # and its sum per channel (the bias gradient).
+            for o in range(j.O):
+                dst = tmp + o * j.ce - e_lo
+                e = e_lo
+                while e < e_lo + ne:
+                    oh = e // Wq
+                    ow = e - oh * Wq
+                    e_end = min(e_lo + ne, oh * Wq + Wq)
+                    row = &gout[n, o, oh, 0] - oh * Wq
+                    for r in range(e, min(e_end, oh * Wq + j.OW)):
+                        dst[r] = row[r]
+                    for r in range(max(e, oh * Wq + j.OW), e_end):
+                        dst[r] = 0
+                    e = e_end
+                acc = 0
+                for r in range(e_lo, e_lo + ne):
+                    acc = acc + dst[r]
+                gb[o] += acc
+            for t in range(j.K):
+                xs[t] = buf + j.off[t] + e_lo
+            o = 0
+            while o < j.Op:
+                t = 0
+                while t < j.Kp:
+                    _vc_dots(CYPOOL_VC_OB, gs + o, CYPOOL_VC_TB, xs + t, j.kidx + t, ne,
+                             gw + o * j.Kp, j.Kp)
+                    t = t + CYPOOL_VC_TB
+                o = o + CYPOOL_VC_OB
+    free(buf)
+    free(tmp)
+    free(xs)
+    free(gs)
+    return failed
 
 
 def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
                        const floating[:, :, :, :] x,       # IN  (N, C, H, W), any strides
-                       floating[:, :, ::1] partial,        # OUT (threads, Op, Kp), zeroed by the caller
+                       floating[:, ::1] grad_w,            # OUT (O, C*kh*kw)
+                       floating[::1] grad_b,               # OUT (O,)
                        Py_ssize_t plh, Py_ssize_t plw, Py_ssize_t Hp, Py_ssize_t Wp,
                        Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                       Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce):
-    """partial[t, o, k] = this thread's share of the sum over images and
-    output positions of grad_out[n, o, oh, ow] * (tap k of (oh, ow)); the
-    caller adds the partials in thread order. Op and Kp are O and K padded
-    to whole dot-product blocks: the padding rows and columns read zeros.
-    Runs on partial.shape[0] threads."""
-    cdef PhaseGeom p
-    cdef Py_ssize_t N = x.shape[0], O = gout.shape[1], OH = gout.shape[2], OW = gout.shape[3]
-    cdef Py_ssize_t Op = partial.shape[1], Kp = partial.shape[2], K
-    cdef Py_ssize_t L, G, Q, q, q0, q1, n, cur, e_lo, ne, t, o, e, oh, ow
-    cdef int T = partial.shape[0], tid
-    cdef Py_ssize_t* off
-    cdef Py_ssize_t* kidx
-    cdef floating* buf
-    cdef floating* tmp
-    cdef floating* zero
-    cdef const floating** xs
-    cdef const floating** gs
+                       Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int num_threads):
+    """grad_w[o, k] = sum over images and output positions of
+    grad_out[n, o, oh, ow] * (tap k of (oh, ow)); grad_b[o] = the sum of
+    grad_out[:, o]. Each thread sums its contiguous share of the work into
+    partial sums of its own, which are then added in thread order: the
+    result is the same run to run for a thread count."""
+    cdef ConvJob j
+    cdef Py_ssize_t Q, O = gout.shape[1], K = x.shape[1] * kh * kw, Op, Kp, part, o, k, t
+    cdef int tid, T = num_threads
+    cdef floating* zero = <floating*>calloc(ce, sizeof(floating))  # shared, read-only
+    cdef floating* partial
     cdef int[1] failed
     cdef int* fail = &failed[0]
-    failed[0] = 0
-    _phase_geom(&p, x.shape[1], x.shape[2], x.shape[3], 1, 1, plh, plw, Hp, Wp, sh, sw)
-    K = p.C * kh * kw
-    L = (OH - 1) * p.Wq + OW
-    G = (L + ce - 1) // ce
-    Q = N * G
-    off = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
-    kidx = <Py_ssize_t*>malloc(Kp * sizeof(Py_ssize_t))
-    zero = <floating*>calloc(ce, sizeof(floating))  # shared, read-only: the padding rows
-    if off == NULL or kidx == NULL or zero == NULL:
-        free(off)
-        free(kidx)
-        free(zero)
-        raise MemoryError("cypool.conv2d_backward: out of memory")
-    _tap_offsets(&p, kh, kw, dh, dw, off)
-    for t in range(Kp):
-        kidx[t] = t
-    with nogil, parallel(num_threads=T):
-        tid = threadid()
-        q0 = _share_start(Q, tid)
-        q1 = _share_start(Q, tid + 1)
-        buf = <floating*>malloc(p.size * sizeof(floating))
-        tmp = <floating*>malloc(O * ce * sizeof(floating))
-        xs = <const floating**>malloc(Kp * sizeof(void*))
-        gs = <const floating**>malloc(Op * sizeof(void*))
-        if buf == NULL or tmp == NULL or xs == NULL or gs == NULL:
-            fail[0] = 1
+    Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
+    Kp = (K + CYPOOL_VC_TB - 1) // CYPOOL_VC_TB * CYPOOL_VC_TB
+    part = Op * Kp + O  # a thread's partial sums: (Op, Kp) weights, then O biases
+    partial = <floating*>calloc(T * part, sizeof(floating))
+    _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], 1, 1, plh, plw, Hp, Wp, sh, sw)
+    failed[0] = _job(&j, K, Kp, O, Op, gout.shape[2], gout.shape[3], ce, kh, kw, dh, dw)
+    Q = x.shape[0] * j.G
+    if not failed[0] and zero != NULL and partial != NULL:
+        if T == 1:
+            _set_serial_team()
+            with nogil:
+                failed[0] = _weight_grad_items(gout, x, partial, partial + Op * Kp, zero, &j, 0, Q)
         else:
-            for o in range(Op):
-                gs[o] = tmp + o * ce if o < O else zero
-            for t in range(K, Kp):
-                xs[t] = zero
-            cur = -1
-            for q in range(q0, q1):
-                n = q // G
-                if n != cur:
-                    _fill_phases(x, n, &p, buf)
-                    cur = n
-                e_lo = (q % G) * ce
-                ne = min(ce, L - e_lo)
-                # The chunk of grad_out on the virtual index: zero past each row.
+            with nogil, parallel(num_threads=T):
+                _note_team()
+                tid = threadid()
+                if _weight_grad_items(gout, x, partial + tid * part, partial + tid * part + Op * Kp,
+                                      zero, &j, _share_start(Q, tid), _share_start(Q, tid + 1)):
+                    fail[0] = 1
+        if not failed[0]:
+            for o in range(O):
+                for k in range(K):
+                    grad_w[o, k] = partial[o * Kp + k]
+                grad_b[o] = partial[Op * Kp + o]
+            for t in range(1, T):  # in thread order (a thread that got no team slot added zeros)
                 for o in range(O):
-                    for e in range(ne):
-                        oh = (e_lo + e) // p.Wq
-                        ow = (e_lo + e) % p.Wq
-                        tmp[o * ce + e] = gout[n, o, oh, ow] if ow < OW else 0
-                for t in range(K):
-                    xs[t] = buf + off[t] + e_lo
-                o = 0
-                while o < Op:
-                    t = 0
-                    while t < Kp:
-                        _vc_dots(CYPOOL_VC_OB, gs + o, CYPOOL_VC_TB, xs + t, kidx + t, ne,
-                                 &partial[tid, o, 0], Kp)
-                        t = t + CYPOOL_VC_TB
-                    o = o + CYPOOL_VC_OB
-        free(buf)
-        free(tmp)
-        free(xs)
-        free(gs)
-    free(off)
-    free(kidx)
+                    for k in range(K):
+                        grad_w[o, k] += partial[t * part + o * Kp + k]
+                    grad_b[o] += partial[t * part + Op * Kp + o]
+    _job_free(&j)
     free(zero)
-    if failed[0]:
+    free(partial)
+    if failed[0] or zero == NULL or partial == NULL:
         raise MemoryError("cypool.conv2d_backward: out of memory")
-
-
-def dots_block():
-    """(output channels, taps) per weight-gradient dot-product block: the
-    caller pads the partial sums to whole blocks."""
-    return CYPOOL_VC_OB, CYPOOL_VC_TB

@@ -39,7 +39,6 @@ def conv2d_forward(
     plh: int, plw: int, Hp: int, Wp: int, sh: int, sw: int, dh: int, dw: int, ce: int, num_threads: int,
 ) -> None: ...
 def conv2d_weight_grad(
-    gout: NDArray, x: NDArray, partial: NDArray, plh: int, plw: int, Hp: int, Wp: int,
-    kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ce: int,
+    gout: NDArray, x: NDArray, grad_w: NDArray, grad_b: NDArray, plh: int, plw: int, Hp: int, Wp: int,
+    kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ce: int, num_threads: int,
 ) -> None: ...
-def dots_block() -> tuple[int, int]: ...

@@ -5,8 +5,16 @@ The semantics of ``torch.nn.functional.conv2d`` with ``groups=1``: ``x`` is
 ``(O, C, kh, kw)``, ``bias`` ``(O,)`` is added to every output element.
 The kernels (``_conv.pxi``) convolve one zero-padded image at a time with
 register-blocked tiles and no im2col buffer.
+
+A training loop at batch size 1 calls these 60,000 times an epoch on tiny
+images, so everything that depends only on the shapes and parameters is
+worked out once (``_plan``, cached) and a call does little more than check
+its arrays and run the kernel.
 """
 from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,33 +29,62 @@ _CHUNK_MAX = 768
 # Chunks are whole multiples of every build's E block (3 vectors of 2 to 16
 # values), so that only an image's last chunk has a partial block.
 _CHUNK_STEP = 48
+_NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
 
 
-def _chunk(L: int, N: int, threads: int) -> int:
-    """Chunk length of an image's L output positions: at most _CHUNK_MAX,
-    and enough chunks that every thread gets work."""
-    G = max(-(-L // _CHUNK_MAX), -(-threads // N))
-    ce = -(-L // G)
-    return -(-ce // _CHUNK_STEP) * _CHUNK_STEP
+class _Pass(NamedTuple):
+    """One kernel pass: its geometry arguments, the length L of an image's
+    virtual output, and its size for the thread policy."""
+    args: tuple
+    L: int
+    macs: int
+    touched: int
 
 
-def _plan(x, weight, stride, padding, dilation, xname="x"):
-    """Checked (x as 4-D, batched?, weight, geometry)."""
+class _Plan(NamedTuple):
+    out_shape: tuple   # (N, O, OH, OW)
+    forward: _Pass     # conv2d_forward(x, w, False, ...)
+    input_grad: _Pass  # conv2d_forward(grad_out, w, True, ...)
+    weight_grad: _Pass  # conv2d_weight_grad(grad_out, x, ...)
+
+
+def _key(v):
+    """A parameter as an exact cache key (a plain int as it is)."""
+    return v if type(v) is int else chk.hashable(v)
+
+
+@lru_cache(maxsize=256)
+def _plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str) -> _Plan:
+    """Checked geometry of a convolution of x (N, C, H, W) by weight
+    (O, C, kh, kw), and the arguments of its kernel passes."""
+    N, C, H, W = xshape
+    O, Cw, kh, kw = wshape
+    if Cw != C:
+        raise ValueError(f"weight has {Cw} input channels but {xname} has {C} (weight shape {wshape})")
+    sh, sw, dh, dw, ph0, ph1, pw0, pw1, OH, OW = chk.conv_geometry(H, W, kh, kw, stride, padding,
+                                                                    dilation)
+    Hp, Wp = H + ph0 + ph1, W + pw0 + pw1
+    macs = N * O * OH * OW * C * kh * kw
+    xsize, osize = N * C * H * W, N * O * OH * OW
+    L = (OH - 1) * (-(-Wp // sw)) + OW
+    forward = _Pass((1, 1, ph0, pw0, Hp, Wp, sh, sw, dh, dw), L, macs, xsize + osize)
+    # The input gradient: the forward kernel on grad_output upsampled by the
+    # stride and padded by the kernel's reach, the kernel flipped.
+    rh, rw = dh * (kh - 1), dw * (kw - 1)
+    input_grad = _Pass((sh, sw, rh - ph0, rw - pw0, H + rh, W + rw, 1, 1, dh, dw),
+                       (H - 1) * (W + rw) + W, macs, xsize + osize)
+    weight_grad = _Pass((ph0, pw0, Hp, Wp, kh, kw, sh, sw, dh, dw), L, macs, xsize + osize)
+    return _Plan((N, O, OH, OW), forward, input_grad, weight_grad)
+
+
+def _arrays(x, weight, xname="x"):
+    """x as 4-D and weight, checked; and whether x was batched."""
     x, _ = chk.array(x, xname, (3, 4), floating_only=True)
     weight, _ = chk.array(weight, "weight", (4,), floating_only=True)
-    chk.same_dtype("weight", weight, xname, x)
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} must match {xname} dtype {x.dtype}")
     batched = x.ndim == 4
-    x4 = x if batched else x[None]
-    C, H, W = x4.shape[1:]
-    O, Cw, kh, kw = weight.shape
-    if Cw != C:
-        raise ValueError(f"weight has {Cw} input channels but {xname} has {C} (weight shape {weight.shape})")
-    geom = chk.conv_geometry(H, W, kh, kw, chk.hashable(stride), chk.hashable(padding),
-                              chk.hashable(dilation))
-    return x4, batched, weight, geom
-
-
-_NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
+    return (x if batched else x[None]), weight, batched
 
 
 def _bias(bias, O: int, dtype: np.dtype) -> np.ndarray:
@@ -61,10 +98,16 @@ def _bias(bias, O: int, dtype: np.dtype) -> np.ndarray:
     return chk.contiguous(b, dtype)
 
 
-def _threads(nt: int, macs: int, touched: int, items: int) -> int:
-    # A multiply-add costs far less than a memory access: count 8 as one
-    # element of work, so that batch-1 calls of a small network stay serial.
-    return threads_for(nt, macs // 8 + touched, items)
+def _threads_and_chunk(p: _Pass, nt: int, N: int) -> tuple[int, int]:
+    """Threads for a pass, and the chunk length of an image's virtual
+    output: at most _CHUNK_MAX, and enough chunks that every thread gets
+    work. A multiply-add costs far less than a memory access: 8 count as
+    one element of work, so that a batch-1 call of a small network stays
+    on the calling thread."""
+    threads = threads_for(nt, p.macs // 8 + p.touched, N * (p.L // _CHUNK_STEP + 1))
+    G = max(-(-p.L // _CHUNK_MAX), -(-threads // N))
+    ce = -(-p.L // G)
+    return threads, -(-ce // _CHUNK_STEP) * _CHUNK_STEP
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, num_threads=None):
@@ -100,25 +143,21 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, n
         a kernel larger than the padded input, or bad parameters, naming
         the parameter, before any kernel runs.
     """
-    x4, batched, weight, geom = _plan(x, weight, stride, padding, dilation)
-    sh, sw, dh, dw, ph0, ph1, pw0, pw1, OH, OW = geom
-    N, C, H, W = x4.shape
-    O, _, kh, kw = weight.shape
+    x4, weight, batched = _arrays(x, weight)
+    plan = _plan(x4.shape, weight.shape, _key(stride), _key(padding), _key(dilation), "x")
     dt = x4.dtype
     nt = chk.num_threads_arg(num_threads)
-    b = _bias(bias, O, dt)
-    shape = (N, O, OH, OW)
+    b = _bias(bias, weight.shape[0], dt)
     if out is None:
-        res = np.empty(shape, dtype=dt)
+        res = np.empty(plan.out_shape, dtype=dt)
     else:
-        res = chk.out_arg(out, shape if batched else shape[1:], dt).reshape(shape)
+        res = chk.out_arg(out, plan.out_shape if batched else plan.out_shape[1:], dt)
+        res = res if batched else res[None]
         if np.may_share_memory(res, x4):
             raise ValueError("out must not overlap x")
-    Hp, Wp = H + ph0 + ph1, W + pw0 + pw1
-    L = (OH - 1) * (-(-Wp // sw)) + OW
-    threads = _threads(nt, N * O * OH * OW * C * kh * kw, x4.size + res.size, N * (L // _CHUNK_STEP + 1))
-    kernel("conv2d_forward", dt)(x4, weight, False, b, res, 1, 1, ph0, pw0, Hp, Wp, sh, sw, dh, dw,
-                                 _chunk(L, N, threads), threads)
+    p = plan.forward
+    threads, ce = _threads_and_chunk(p, nt, x4.shape[0])
+    kernel("conv2d_forward", dt)(x4, weight, False, b, res, *p.args, ce, threads)
     if out is not None:
         return out
     return res if batched else res[0]
@@ -144,45 +183,35 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
         Summed per thread, the partial sums added in thread order: the same
         run to run for a given thread count.
     grad_bias : ndarray, shape (O,)
-        ``grad_output.sum(axis=(0, 2, 3))``.
+        The sum of grad_output over the batch and positions.
     """
-    x4, batched, weight, geom = _plan(x, weight, stride, padding, dilation)
-    sh, sw, dh, dw, ph0, ph1, pw0, pw1, OH, OW = geom
-    N, C, H, W = x4.shape
-    O, _, kh, kw = weight.shape
+    x4, weight, batched = _arrays(x, weight)
+    plan = _plan(x4.shape, weight.shape, _key(stride), _key(padding), _key(dilation), "x")
     dt = x4.dtype
     g, _ = chk.array(grad_output, "grad_output", (3, 4), floating_only=True)
-    chk.same_dtype("grad_output", g, "x", x4)
-    want = (N, O, OH, OW) if batched else (O, OH, OW)
+    if g.dtype != dt:
+        raise TypeError(f"grad_output dtype {g.dtype} must match x dtype {dt}")
+    want = plan.out_shape if batched else plan.out_shape[1:]
     if g.shape != want:
         raise ValueError(f"grad_output must have shape {want} for this x and weight, got {g.shape}")
     nt = chk.num_threads_arg(num_threads)
     g4 = g if batched else g[None]
-    grad_bias = g4.sum(axis=(0, 2, 3))
+    N = x4.shape[0]
     grad_x = grad_w = None
-    K = C * kh * kw
-    macs = N * O * OH * OW * K
     if needs_input_grad:
-        # The forward kernel on grad_output upsampled by the stride and padded
-        # by the kernel's reach, with the kernel flipped and transposed.
-        gx = np.empty((N, C, H, W), dtype=dt)
-        rh, rw = dh * (kh - 1), dw * (kw - 1)
-        L = (H - 1) * (W + rw) + W
-        threads = _threads(nt, macs, g4.size + gx.size, N * (L // _CHUNK_STEP + 1))
-        kernel("conv2d_forward", dt)(g4, weight, True, _NO_BIAS[dt], gx, sh, sw, rh - ph0, rw - pw0,
-                                     H + rh, W + rw, 1, 1, dh, dw, _chunk(L, N, threads), threads)
+        p = plan.input_grad
+        gx = np.empty(x4.shape, dtype=dt)
+        threads, ce = _threads_and_chunk(p, nt, N)
+        kernel("conv2d_forward", dt)(g4, weight, True, _NO_BIAS[dt], gx, *p.args, ce, threads)
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
-        gc = chk.contiguous(g4, dt)
-        ob, tb = kernel("dots_block")()
-        Hp, Wp = H + ph0 + ph1, W + pw0 + pw1
-        L = (OH - 1) * (-(-Wp // sw)) + OW
-        threads = _threads(nt, macs, g4.size + x4.size, N * (L // _CHUNK_STEP + 1))
-        partial = np.zeros((threads, -(-O // ob) * ob, -(-K // tb) * tb), dtype=dt)
-        kernel("conv2d_weight_grad", dt)(gc, x4, partial, ph0, pw0, Hp, Wp, kh, kw, sh, sw, dh, dw,
-                                         _chunk(L, N, threads))
-        gw = partial[0]
-        for t in range(1, threads):  # in thread order: deterministic
-            gw = gw + partial[t]
-        grad_w = np.ascontiguousarray(gw[:O, :K]).reshape(weight.shape)
+        p = plan.weight_grad
+        O = weight.shape[0]
+        gw = np.empty((O, weight[0].size), dtype=dt)
+        grad_bias = np.empty(O, dtype=dt)
+        threads, ce = _threads_and_chunk(p, nt, N)
+        kernel("conv2d_weight_grad", dt)(chk.contiguous(g4, dt), x4, gw, grad_bias, *p.args, ce, threads)
+        grad_w = gw.reshape(weight.shape)
+    else:
+        grad_bias = g4.sum(axis=(0, 2, 3))
     return grad_x, grad_w, grad_bias
