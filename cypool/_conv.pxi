@@ -135,37 +135,30 @@ cdef floating* _tap_major_weights(const floating[:, :, :, :] w, bint transposed,
 cdef struct ConvJob:
     # What every work item of a call shares, read-only.
     PhaseGeom p
-    Py_ssize_t K, Kp          # taps (c, i, j); padded to whole dot-product blocks
+    Py_ssize_t K              # taps (c, i, j)
     Py_ssize_t O, Op          # output channels; padded to whole register tiles / blocks
     Py_ssize_t OH, OW
     Py_ssize_t L, G, ce       # virtual output length; chunks of it per image, chunk length
     const Py_ssize_t* off     # tap offsets in the phase buffer
-    const Py_ssize_t* kidx    # 0, 1, ..., Kp - 1
 
 
-cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t Kp, Py_ssize_t O, Py_ssize_t Op,
+cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
                      Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
                      Py_ssize_t dh, Py_ssize_t dw) noexcept nogil:
     """Fill the rest of j (j.p set); 1 when out of memory."""
     cdef Py_ssize_t* off = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
-    cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(Kp * sizeof(Py_ssize_t))
-    cdef Py_ssize_t t
-    j.K = K; j.Kp = Kp; j.O = O; j.Op = Op; j.OH = OH; j.OW = OW; j.ce = ce
+    j.K = K; j.O = O; j.Op = Op; j.OH = OH; j.OW = OW; j.ce = ce
     j.L = (OH - 1) * j.p.Wq + OW
     j.G = (j.L + ce - 1) // ce
     j.off = off
-    j.kidx = kidx
-    if off == NULL or kidx == NULL:
+    if off == NULL:
         return 1
     _tap_offsets(&j.p, kh, kw, dh, dw, off)
-    for t in range(Kp):
-        kidx[t] = t
     return 0
 
 
 cdef inline void _job_free(ConvJob* j) noexcept nogil:
     free(<void*>j.off)
-    free(<void*>j.kidx)
 
 
 cdef inline void _set_serial_team() noexcept nogil:
@@ -252,7 +245,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef int[1] failed
     cdef int* fail = &failed[0]
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
-    failed[0] = _job(&j, K, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw)
+    failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw)
     wt = _tap_major_weights(w, transposed, Op)
     Q = x.shape[0] * j.G
     if not failed[0] and wt != NULL:
@@ -273,24 +266,33 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
 
 
 cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:, :, :, :] x,
-                            floating* gw, floating* gb, const floating* zero, const ConvJob* j,
-                            Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
-    """Work items [q0, q1) of a weight gradient, added into gw (Op, Kp) and
-    the bias gradient into gb (O)."""
-    cdef Py_ssize_t q, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
-    cdef const floating* row
-    cdef floating* dst
+                            floating* gw, floating* gb, const ConvJob* j, Py_ssize_t q0,
+                            Py_ssize_t q1) noexcept nogil:
+    """Work items [q0, q1) of a weight gradient, added into gw (O, K) and
+    the bias gradient into gb (O).
+
+    A chunk's real output positions r (columns ow < OW) give two matrices:
+    gT[r, o] = grad_out at r, and colT[r, k] = tap k of r (a row of
+    im2col, gathered from the phase buffer). gw[o, k] += sum over r of
+    gT[r, o] * colT[r, k] is then the forward's matrix product with the
+    positions as taps and the taps as E: the same register tiles."""
+    cdef Py_ssize_t q, n, cur = -1, e_lo, ne, nr, t, o, e, oh, ow, k, K = j.K, Op = j.Op
+    cdef Py_ssize_t Wq = j.p.Wq
     cdef floating acc
     cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
-    cdef floating* tmp = <floating*>malloc(j.O * j.ce * sizeof(floating))
-    cdef const floating** xs = <const floating**>malloc(j.Kp * sizeof(void*))
-    cdef const floating** gs = <const floating**>malloc(j.Op * sizeof(void*))
-    cdef int failed = buf == NULL or tmp == NULL or xs == NULL or gs == NULL
+    cdef floating* gT = <floating*>malloc(j.ce * Op * sizeof(floating))
+    cdef floating* colT = <floating*>malloc(j.ce * K * sizeof(floating))
+    cdef floating* part = <floating*>malloc(Op * K * sizeof(floating))
+    cdef const floating** rows = <const floating**>malloc(j.ce * sizeof(void*))
+    cdef floating** outs = <floating**>malloc(Op * sizeof(void*))
+    cdef const floating** pp = _pack_new(j.ce, <floating*>NULL)
+    cdef floating* pack = _pack_rows(pp, j.ce)
+    cdef const floating* src
+    cdef int failed = (buf == NULL or gT == NULL or colT == NULL or part == NULL or rows == NULL
+                       or outs == NULL or pp == NULL)
     if not failed:
-        for o in range(j.Op):
-            gs[o] = tmp + o * j.ce if o < j.O else zero
-        for t in range(j.K, j.Kp):
-            xs[t] = zero
+        for o in range(Op):
+            outs[o] = part + o * K
         for q in range(q0, q1):
             n = q // j.G
             if n != cur:
@@ -298,39 +300,40 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
                 cur = n
             e_lo = (q % j.G) * j.ce
             ne = min(j.ce, j.L - e_lo)
-            # The chunk of grad_out on the virtual index, zeros past each row,
-            # and its sum per channel (the bias gradient).
+            # The chunk's real positions, as rows of gT and colT.
+            nr = 0
+            for e in range(e_lo, e_lo + ne):
+                oh = e // Wq
+                ow = e - oh * Wq
+                if ow >= j.OW:
+                    continue
+                for o in range(j.O):
+                    gT[nr * Op + o] = gout[n, o, oh, ow]
+                for o in range(j.O, Op):
+                    gT[nr * Op + o] = 0
+                src = buf + e
+                for k in range(K):
+                    colT[nr * K + k] = src[j.off[k]]
+                rows[nr] = colT + nr * K
+                nr = nr + 1
+            if nr == 0:
+                continue
             for o in range(j.O):
-                dst = tmp + o * j.ce - e_lo
-                e = e_lo
-                while e < e_lo + ne:
-                    oh = e // Wq
-                    ow = e - oh * Wq
-                    e_end = min(e_lo + ne, oh * Wq + Wq)
-                    row = &gout[n, o, oh, 0] - oh * Wq
-                    for r in range(e, min(e_end, oh * Wq + j.OW)):
-                        dst[r] = row[r]
-                    for r in range(max(e, oh * Wq + j.OW), e_end):
-                        dst[r] = 0
-                    e = e_end
                 acc = 0
-                for r in range(e_lo, e_lo + ne):
-                    acc = acc + dst[r]
+                for t in range(nr):
+                    acc = acc + gT[t * Op + o]
                 gb[o] += acc
-            for t in range(j.K):
-                xs[t] = buf + j.off[t] + e_lo
-            o = 0
-            while o < j.Op:
-                t = 0
-                while t < j.Kp:
-                    _vc_dots(CYPOOL_VC_OB, gs + o, CYPOOL_VC_TB, xs + t, j.kidx + t, ne,
-                             gw + o * j.Kp, j.Kp)
-                    t = t + CYPOOL_VC_TB
-                o = o + CYPOOL_VC_OB
+            _vc_pixel(nr, rows, gT, Op, 0, K, Op, outs, <const floating*>NULL, pack, pp)
+            for o in range(j.O):
+                for k in range(K):
+                    gw[o * K + k] += part[o * K + k]
     free(buf)
-    free(tmp)
-    free(xs)
-    free(gs)
+    free(gT)
+    free(colT)
+    free(part)
+    free(rows)
+    free(outs)
+    free(pp)
     return failed
 
 
@@ -347,43 +350,139 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
     partial sums of its own, which are then added in thread order: the
     result is the same run to run for a thread count."""
     cdef ConvJob j
-    cdef Py_ssize_t Q, O = gout.shape[1], K = x.shape[1] * kh * kw, Op, Kp, part, o, k, t
+    cdef Py_ssize_t Q, O = gout.shape[1], K = x.shape[1] * kh * kw, Op, part, o, k, t
     cdef int tid, T = num_threads
-    cdef floating* zero = <floating*>calloc(ce, sizeof(floating))  # shared, read-only
     cdef floating* partial
     cdef int[1] failed
     cdef int* fail = &failed[0]
     Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
-    Kp = (K + CYPOOL_VC_TB - 1) // CYPOOL_VC_TB * CYPOOL_VC_TB
-    part = Op * Kp + O  # a thread's partial sums: (Op, Kp) weights, then O biases
+    part = O * K + O  # a thread's partial sums: (O, K) weights, then O biases
     partial = <floating*>calloc(T * part, sizeof(floating))
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], 1, 1, plh, plw, Hp, Wp, sh, sw)
-    failed[0] = _job(&j, K, Kp, O, Op, gout.shape[2], gout.shape[3], ce, kh, kw, dh, dw)
+    failed[0] = _job(&j, K, O, Op, gout.shape[2], gout.shape[3], ce, kh, kw, dh, dw)
     Q = x.shape[0] * j.G
-    if not failed[0] and zero != NULL and partial != NULL:
+    if not failed[0] and partial != NULL:
         if T == 1:
             _set_serial_team()
             with nogil:
-                failed[0] = _weight_grad_items(gout, x, partial, partial + Op * Kp, zero, &j, 0, Q)
+                failed[0] = _weight_grad_items(gout, x, partial, partial + O * K, &j, 0, Q)
         else:
             with nogil, parallel(num_threads=T):
                 _note_team()
                 tid = threadid()
-                if _weight_grad_items(gout, x, partial + tid * part, partial + tid * part + Op * Kp,
-                                      zero, &j, _share_start(Q, tid), _share_start(Q, tid + 1)):
+                if _weight_grad_items(gout, x, partial + tid * part, partial + tid * part + O * K,
+                                      &j, _share_start(Q, tid), _share_start(Q, tid + 1)):
                     fail[0] = 1
         if not failed[0]:
             for o in range(O):
                 for k in range(K):
-                    grad_w[o, k] = partial[o * Kp + k]
-                grad_b[o] = partial[Op * Kp + o]
+                    grad_w[o, k] = partial[o * K + k]
+                grad_b[o] = partial[O * K + o]
             for t in range(1, T):  # in thread order (a thread that got no team slot added zeros)
                 for o in range(O):
                     for k in range(K):
-                        grad_w[o, k] += partial[t * part + o * Kp + k]
-                    grad_b[o] += partial[t * part + Op * Kp + o]
+                        grad_w[o, k] += partial[t * part + o * K + k]
+                    grad_b[o] += partial[t * part + O * K + o]
     _job_free(&j)
-    free(zero)
     free(partial)
-    if failed[0] or zero == NULL or partial == NULL:
+    if failed[0] or partial == NULL:
+        raise MemoryError("cypool.conv2d_backward: out of memory")
+
+
+cdef int _col2im_images(const floating[:, :, :, ::1] gout, const floating* wt, Py_ssize_t Kp,
+                        floating[:, :, :, ::1] gx, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph,
+                        Py_ssize_t pw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
+                        Py_ssize_t ce, Py_ssize_t n0, Py_ssize_t n1) noexcept nogil:
+    """Input gradients of images [n0, n1) by columns: for a chunk of output
+    positions, cols[k, e] = sum over o of w[o, k] * grad_out[o, e] (the
+    register tiles, with the O channels as taps and the positions as E),
+    then every column is added into the padded input gradient at its
+    tap's position."""
+    cdef Py_ssize_t O = gout.shape[1], OH = gout.shape[2], OW = gout.shape[3]
+    cdef Py_ssize_t C = gx.shape[1], H = gx.shape[2], W = gx.shape[3]
+    cdef Py_ssize_t Hp = H + 2 * ph + sh * dh * kh, Wp = W + 2 * pw + sw * dw * kw  # generous margins
+    cdef Py_ssize_t P = OH * OW, n, e_lo, ne, o, k, c, i, jj, e, oh, ow, e_end, r, h
+    cdef floating* pad = <floating*>malloc(C * Hp * Wp * sizeof(floating))
+    cdef floating* cols = <floating*>malloc(Kp * ce * sizeof(floating))
+    cdef const floating** xs = <const floating**>malloc(O * sizeof(void*))
+    cdef floating** outs = <floating**>malloc(Kp * sizeof(void*))
+    cdef const floating** pp = _pack_new(O, <floating*>NULL)
+    cdef floating* pack = _pack_rows(pp, O)
+    cdef floating* dst
+    cdef const floating* src
+    cdef int failed = pad == NULL or cols == NULL or xs == NULL or outs == NULL or pp == NULL
+    if not failed:
+        for k in range(Kp):
+            outs[k] = cols + k * ce
+        for n in range(n0, n1):
+            memset(pad, 0, C * Hp * Wp * sizeof(floating))
+            e_lo = 0
+            while e_lo < P:
+                ne = min(ce, P - e_lo)
+                for o in range(O):
+                    xs[o] = &gout[n, o, 0, 0] + e_lo
+                _vc_pixel(O, xs, wt, Kp, 0, ne, Kp, outs, <const floating*>NULL, pack, pp)
+                k = 0
+                for c in range(C):
+                    for i in range(kh):
+                        for jj in range(kw):
+                            src = cols + k * ce - e_lo
+                            e = e_lo
+                            while e < e_lo + ne:
+                                oh = e // OW
+                                ow = e - oh * OW
+                                e_end = min(e_lo + ne, oh * OW + OW)
+                                dst = pad + (c * Hp + oh * sh + i * dh) * Wp + jj * dw
+                                for r in range(ow, ow + e_end - e):
+                                    dst[r * sw] += src[oh * OW + r]
+                                e = e_end
+                            k = k + 1
+                e_lo = e_lo + ne
+            for c in range(C):
+                for h in range(H):
+                    memcpy(&gx[n, c, h, 0], pad + (c * Hp + h + ph) * Wp + pw, W * sizeof(floating))
+    free(pad)
+    free(cols)
+    free(xs)
+    free(outs)
+    free(pp)
+    return failed
+
+
+def conv2d_input_grad_col2im(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
+                             const floating[:, :, :, :] w,       # IN  (O, C, kh, kw), any strides
+                             floating[:, :, :, ::1] gx,          # OUT (N, C, H, W)
+                             Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t sh, Py_ssize_t sw,
+                             Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int num_threads):
+    """The input gradient of a strided convolution (ph, pw: top and left
+    padding), by columns: no zeros inserted between the output gradient's
+    elements, as the transposed convolution of conv2d_forward would need.
+    Threads take whole images."""
+    cdef Py_ssize_t O = w.shape[0], K = w.shape[1] * w.shape[2] * w.shape[3], N = gx.shape[0]
+    cdef Py_ssize_t Kp = (K + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB, o, c, i, j
+    cdef floating* wt = <floating*>calloc(O * Kp, sizeof(floating))  # (O, Kp): rows per channel o
+    cdef int tid
+    cdef int[1] failed
+    cdef int* fail = &failed[0]
+    failed[0] = wt == NULL
+    if not failed[0]:
+        for o in range(O):
+            for c in range(w.shape[1]):
+                for i in range(w.shape[2]):
+                    for j in range(w.shape[3]):
+                        wt[o * Kp + (c * w.shape[2] + i) * w.shape[3] + j] = w[o, c, i, j]
+        if num_threads == 1:
+            _set_serial_team()
+            with nogil:
+                failed[0] = _col2im_images(gout, wt, Kp, gx, w.shape[2], w.shape[3], ph, pw, sh, sw,
+                                           dh, dw, ce, 0, N)
+        else:
+            with nogil, parallel(num_threads=num_threads):
+                _note_team()
+                tid = threadid()
+                if _col2im_images(gout, wt, Kp, gx, w.shape[2], w.shape[3], ph, pw, sh, sw, dh, dw,
+                                  ce, _share_start(N, tid), _share_start(N, tid + 1)):
+                    fail[0] = 1
+    free(wt)
+    if failed[0]:
         raise MemoryError("cypool.conv2d_backward: out of memory")

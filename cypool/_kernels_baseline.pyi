@@ -42,3 +42,7 @@ def conv2d_weight_grad(
     gout: NDArray, x: NDArray, grad_w: NDArray, grad_b: NDArray, plh: int, plw: int, Hp: int, Wp: int,
     kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ce: int, num_threads: int,
 ) -> None: ...
+def conv2d_input_grad_col2im(
+    gout: NDArray, w: NDArray, gx: NDArray, ph: int, pw: int, sh: int, sw: int, dh: int, dw: int,
+    ce: int, num_threads: int,
+) -> None: ...
