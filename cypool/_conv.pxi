@@ -55,8 +55,9 @@ cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const 
                               floating* buf) noexcept nogil:
     """buf = image n of x, zero-padded, upsampled by (uh, uw), split into
     stride phases (see the top of this file)."""
-    cdef Py_ssize_t c, h, w, hh, ww, w_lo, w_hi, sx
+    cdef Py_ssize_t c, h, w, hh, ww, w_lo, w_hi, sx, r, m
     cdef floating* row
+    cdef floating* dst
     cdef const char* src
     memset(buf, 0, (p.size + _SLACK) * sizeof(floating))
     # Source columns that land inside the padded width.
@@ -81,6 +82,13 @@ cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const 
                 else:
                     for w in range(w_lo, w_hi):
                         row[w] = (<const floating*>(src + w * sx))[0]
+            elif p.uw == 1:
+                # Deinterleave the row into its sw phases: no division per element.
+                for r in range(p.sw):
+                    w = w_lo + (r - (p.plw + w_lo) % p.sw + p.sw) % p.sw  # first w in phase r
+                    dst = row + r * p.C * p.plane + (p.plw + w) // p.sw
+                    for m in range((w_hi - w + p.sw - 1) // p.sw if w < w_hi else 0):
+                        dst[m] = (<const floating*>(src + (w + m * p.sw) * sx))[0]
             else:
                 for w in range(w_lo, w_hi):
                     ww = p.plw + w * p.uw
@@ -172,7 +180,10 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     """Work items [q0, q1) of a forward call, with buffers of this thread's
     own; 1 when out of memory. Item q is chunk q % G of image q // G."""
     cdef Py_ssize_t q, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
+    # The narrowest vector tile (_vconv_kernel.h): half a vector where
+    # there is one, else a third of the E block (one vector).
     cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
+    cdef Py_ssize_t vt = eb // 6 if CYPOOL_VC_HALF_TAIL else eb // 3
     cdef floating b
     cdef floating* src
     cdef floating* dst
@@ -195,9 +206,9 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
             ne = min(j.ce, j.L - e_lo)
             for t in range(j.K):
                 xs[t] = buf + j.off[t] + e_lo
-            # Whole E blocks: the end of the last one reads the slack, and
+            # Whole vectors: the end of the last one may read the slack, and
             # its outputs past ne are not copied out.
-            _vc_pixel(j.K, xs, wt, j.Op, 0, min(j.ce, (ne + eb - 1) // eb * eb), j.Op, outs,
+            _vc_pixel(j.K, xs, wt, j.Op, 0, min(j.ce, (ne + vt - 1) // vt * vt), j.Op, outs,
                       <const floating*>NULL, pack, pp)
             # The chunk's real outputs (columns ow < OW), plus the bias.
             for o in range(j.O):

@@ -28,6 +28,7 @@ cdef extern from "_vconv_kernel.h" nogil:
                             const Py_ssize_t* tap, Py_ssize_t E, double* gw, Py_ssize_t ldgw)
     int CYPOOL_VC_OB
     int CYPOOL_VC_TB
+    int CYPOOL_VC_HALF_TAIL
 
 
 cdef inline void _vc_pixel(Py_ssize_t ntaps, const floating** xs, const floating* w,
