@@ -3,7 +3,7 @@
 # Kernels only do arithmetic: every shape, parameter and index bound they rely
 # on was checked by cypool/_checks.py before they are called. The value type is
 # fused so that one source serves float32, float64 and the integer types.
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memset, memcpy
 from libc.math cimport INFINITY
 from libc.stdint cimport INT32_MIN, INT64_MIN, INT32_MAX, INT64_MAX

@@ -276,20 +276,54 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         raise MemoryError("cypool.conv2d: out of memory")
 
 
+cdef inline bint _all_finite(const floating* v, Py_ssize_t n) noexcept nogil:
+    """No inf or NaN in v[:n] (an exponent of all ones), by integer ops that
+    vectorise."""
+    cdef Py_ssize_t i
+    cdef uint32_t bad32 = 0
+    cdef uint64_t bad64 = 0
+    cdef const uint32_t* b32 = <const uint32_t*>v
+    cdef const uint64_t* b64 = <const uint64_t*>v
+    if floating is float:
+        for i in range(n):
+            bad32 = bad32 | ((b32[i] & 0x7f800000u) == 0x7f800000u)
+        return bad32 == 0
+    else:
+        for i in range(n):
+            bad64 = bad64 | ((b64[i] & 0x7ff0000000000000u) == 0x7ff0000000000000u)
+        return bad64 == 0
+
+
+# Up to this many output channels the weight gradient takes dot products
+# over each chunk: with few channels the im2col rows of the matrix-product
+# path cost more to gather than the multiply-adds they feed.
+cdef enum:
+    _DOTS_MAX_O = 8
+
+
 cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:, :, :, :] x,
                             floating* gw, floating* gb, const ConvJob* j, Py_ssize_t q0,
                             Py_ssize_t q1) noexcept nogil:
     """Work items [q0, q1) of a weight gradient, added into gw (O, K) and
     the bias gradient into gb (O).
 
-    A chunk's real output positions r (columns ow < OW) give two matrices:
-    gT[r, o] = grad_out at r, and colT[r, k] = tap k of r (a row of
-    im2col, gathered from the phase buffer). gw[o, k] += sum over r of
-    gT[r, o] * colT[r, k] is then the forward's matrix product with the
-    positions as taps and the taps as E: the same register tiles."""
+    Two ways. Many channels: a chunk's real output positions r (columns
+    ow < OW) give two matrices, gT[r, o] = grad_out at r and colT[r, k] =
+    tap k of r (a row of im2col, gathered from the phase buffer), and
+    gw[o, k] += sum over r of gT[r, o] * colT[r, k] is the forward's matrix
+    product with the positions as taps and the taps as E: the same register
+    tiles. Few channels: dot products of grad_out's chunk (zeros past each
+    row) with every tap vector, over the virtual index, with no gathering;
+    only for an image with no inf or NaN, whose values past a row's end
+    then add exact zeros."""
     cdef Py_ssize_t q, n, cur = -1, e_lo, ne, nr, t, o, e, oh, ow, k, K = j.K, Op = j.Op
-    cdef Py_ssize_t Wq = j.p.Wq
+    cdef Py_ssize_t Wq = j.p.Wq, e_end, r
+    cdef Py_ssize_t O4 = (j.O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
+    cdef Py_ssize_t K2 = (K + CYPOOL_VC_TB - 1) // CYPOOL_VC_TB * CYPOOL_VC_TB
+    cdef bint few = j.O <= _DOTS_MAX_O, finite = False
     cdef floating acc
+    cdef floating* dst
+    cdef const floating* row
     cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
     cdef floating* gT = <floating*>malloc(j.ce * Op * sizeof(floating))
     cdef floating* colT = <floating*>malloc(j.ce * K * sizeof(floating))
@@ -298,19 +332,65 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
     cdef floating** outs = <floating**>malloc(Op * sizeof(void*))
     cdef const floating** pp = _pack_new(j.ce, <floating*>NULL)
     cdef floating* pack = _pack_rows(pp, j.ce)
+    # The dot-product way's buffers: grad_out's chunk, rows and taps padded to
+    # whole blocks with a zero vector, and its sums (O4, K2).
+    cdef floating* gch = <floating*>malloc(j.O * j.ce * sizeof(floating)) if few else NULL
+    cdef floating* zero = <floating*>calloc(j.ce, sizeof(floating)) if few else NULL
+    cdef floating* gwd = <floating*>calloc(O4 * K2, sizeof(floating)) if few else NULL
+    cdef const floating** gs = <const floating**>malloc(O4 * sizeof(void*)) if few else NULL
+    cdef const floating** xs = <const floating**>malloc(K2 * sizeof(void*)) if few else NULL
+    cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K2 * sizeof(Py_ssize_t)) if few else NULL
     cdef const floating* src
     cdef int failed = (buf == NULL or gT == NULL or colT == NULL or part == NULL or rows == NULL
                        or outs == NULL or pp == NULL)
+    if few and (gch == NULL or zero == NULL or gwd == NULL or gs == NULL or xs == NULL
+                or kidx == NULL):
+        failed = 1
     if not failed:
         for o in range(Op):
             outs[o] = part + o * K
+        if few:
+            for o in range(O4):
+                gs[o] = gch + o * j.ce if o < j.O else zero
+            for t in range(K2):
+                kidx[t] = t
+                xs[t] = zero
         for q in range(q0, q1):
             n = q // j.G
             if n != cur:
                 _fill_phases(x, n, &j.p, buf)
+                finite = few and _all_finite(buf, j.p.size)
                 cur = n
             e_lo = (q % j.G) * j.ce
             ne = min(j.ce, j.L - e_lo)
+            if finite:
+                for o in range(j.O):
+                    dst = gch + o * j.ce - e_lo
+                    e = e_lo
+                    while e < e_lo + ne:
+                        oh = e // Wq
+                        e_end = min(e_lo + ne, oh * Wq + Wq)
+                        row = &gout[n, o, oh, 0] - oh * Wq
+                        for r in range(e, min(e_end, oh * Wq + j.OW)):
+                            dst[r] = row[r]
+                        for r in range(max(e, oh * Wq + j.OW), e_end):
+                            dst[r] = 0
+                        e = e_end
+                    acc = 0
+                    for r in range(e_lo, e_lo + ne):
+                        acc = acc + dst[r]
+                    gb[o] += acc
+                for t in range(K):
+                    xs[t] = buf + j.off[t] + e_lo
+                o = 0
+                while o < O4:
+                    t = 0
+                    while t < K2:
+                        _vc_dots(CYPOOL_VC_OB, gs + o, CYPOOL_VC_TB, xs + t, kidx + t, ne,
+                                 gwd + o * K2, K2)
+                        t = t + CYPOOL_VC_TB
+                    o = o + CYPOOL_VC_OB
+                continue
             # The chunk's real positions, as rows of gT and colT.
             nr = 0
             for e in range(e_lo, e_lo + ne):
@@ -338,6 +418,10 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
             for o in range(j.O):
                 for k in range(K):
                     gw[o * K + k] += part[o * K + k]
+        if few:
+            for o in range(j.O):
+                for k in range(K):
+                    gw[o * K + k] += gwd[o * K2 + k]
     free(buf)
     free(gT)
     free(colT)
@@ -345,6 +429,12 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
     free(rows)
     free(outs)
     free(pp)
+    free(gch)
+    free(zero)
+    free(gwd)
+    free(gs)
+    free(xs)
+    free(kidx)
     return failed
 
 

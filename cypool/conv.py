@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _checks as chk
-from ._backend import kernel, threads_for
+from ._backend import SERIAL_BELOW, kernel, threads_for
 
 __all__ = ["conv2d", "conv2d_backward"]
 
@@ -34,11 +34,13 @@ _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
 
 class _Pass(NamedTuple):
     """One kernel pass: its geometry arguments, the length L of an image's
-    virtual output, and its size for the thread policy."""
+    virtual output, its size for the thread policy, and (for a call too
+    small for a thread team) its chunk length on one thread, else 0."""
     args: tuple
     L: int
     macs: int
     touched: int
+    serial_chunk: int
 
 
 class _Plan(NamedTuple):
@@ -68,13 +70,13 @@ def _plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str) -
     macs = N * O * OH * OW * C * kh * kw
     xsize, osize = N * C * H * W, N * O * OH * OW
     L = (OH - 1) * (-(-Wp // sw)) + OW
-    forward = _Pass((1, 1, ph0, pw0, Hp, Wp, sh, sw, dh, dw), L, macs, xsize + osize)
+    forward = _pass((1, 1, ph0, pw0, Hp, Wp, sh, sw, dh, dw), L, macs, xsize + osize, N)
     # The input gradient: the forward kernel on grad_output upsampled by the
     # stride and padded by the kernel's reach, the kernel flipped.
     rh, rw = dh * (kh - 1), dw * (kw - 1)
-    input_grad = _Pass((sh, sw, rh - ph0, rw - pw0, H + rh, W + rw, 1, 1, dh, dw),
-                       (H - 1) * (W + rw) + W, macs, xsize + osize)
-    weight_grad = _Pass((ph0, pw0, Hp, Wp, kh, kw, sh, sw, dh, dw), L, macs, xsize + osize)
+    input_grad = _pass((sh, sw, rh - ph0, rw - pw0, H + rh, W + rw, 1, 1, dh, dw),
+                       (H - 1) * (W + rw) + W, macs, xsize + osize, N)
+    weight_grad = _pass((ph0, pw0, Hp, Wp, kh, kw, sh, sw, dh, dw), L, macs, xsize + osize, N)
     col2im = (ph0, pw0, sh, sw, dh, dw) if sh * sw > 1 else ()
     return _Plan((N, O, OH, OW), forward, input_grad, weight_grad, col2im)
 
@@ -92,6 +94,8 @@ def _arrays(x, weight, xname="x"):
 def _bias(bias, O: int, dtype: np.dtype) -> np.ndarray:
     if bias is None:
         return _NO_BIAS[dtype]
+    if type(bias) is np.ndarray and bias.dtype == dtype and bias.shape == (O,) and bias.flags.c_contiguous:
+        return bias
     b, _ = chk.array(bias, "bias", (1,), floating_only=True)
     if b.dtype != dtype:
         raise TypeError(f"bias dtype {b.dtype} must match x dtype {dtype}")
@@ -100,16 +104,32 @@ def _bias(bias, O: int, dtype: np.dtype) -> np.ndarray:
     return chk.contiguous(b, dtype)
 
 
+def _work(macs: int, touched: int) -> int:
+    """A call's size for the thread policy. A multiply-add costs far less
+    than a memory access: 8 count as one element of work, so that a batch-1
+    call of a small network stays on the calling thread."""
+    return macs // 8 + touched
+
+
+def _chunk(L: int, N: int, threads: int) -> int:
+    """Chunk length of an image's L virtual outputs: at most _CHUNK_MAX, and
+    enough chunks that every thread gets work."""
+    G = max(-(-L // _CHUNK_MAX), -(-threads // N))
+    ce = -(-L // G)
+    return -(-ce // _CHUNK_STEP) * _CHUNK_STEP
+
+
+def _pass(args: tuple, L: int, macs: int, touched: int, N: int) -> _Pass:
+    serial = _work(macs, touched) < SERIAL_BELOW  # threads_for gives such a call one thread
+    return _Pass(args, L, macs, touched, _chunk(L, N, 1) if serial else 0)
+
+
 def _threads_and_chunk(p: _Pass, nt: int, N: int) -> tuple[int, int]:
-    """Threads for a pass, and the chunk length of an image's virtual
-    output: at most _CHUNK_MAX, and enough chunks that every thread gets
-    work. A multiply-add costs far less than a memory access: 8 count as
-    one element of work, so that a batch-1 call of a small network stays
-    on the calling thread."""
-    threads = threads_for(nt, p.macs // 8 + p.touched, N * (p.L // _CHUNK_STEP + 1))
-    G = max(-(-p.L // _CHUNK_MAX), -(-threads // N))
-    ce = -(-p.L // G)
-    return threads, -(-ce // _CHUNK_STEP) * _CHUNK_STEP
+    """Threads for a pass, and its chunk length."""
+    if p.serial_chunk:
+        return 1, p.serial_chunk
+    threads = threads_for(nt, _work(p.macs, p.touched), N * (p.L // _CHUNK_STEP + 1))
+    return threads, _chunk(p.L, N, threads)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, num_threads=None):
@@ -207,7 +227,7 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
             # Strided: columns added into place, rather than a transposed
             # convolution over an output gradient with zeros between its
             # elements (3 of every 4 multiply-adds wasted at stride 2).
-            threads = threads_for(nt, p.macs // 8 + p.touched, N)
+            threads = threads_for(nt, _work(p.macs, p.touched), N)
             kernel("conv2d_input_grad_col2im", dt)(chk.contiguous(g4, dt), weight, gx, *plan.col2im,
                                                     _CHUNK_MAX, threads)
         else:

@@ -216,3 +216,27 @@ def test_layer_initialised_like_torch():
     assert np.abs(layer.weight).max() <= bound and np.abs(layer.bias).max() <= bound
     assert np.abs(layer.weight).max() > bound / 2
     np.testing.assert_array_equal(cypool.Conv2d(4, 8, (3, 5), rng=7).weight, cypool.Conv2d(4, 8, (3, 5), rng=7).weight)
+
+
+@pytest.mark.parametrize("O", [2, 12])
+def test_non_finite_inputs_in_the_weight_gradient(rng, O):
+    # inf and NaN in x: each weight gradient must be what the loops give,
+    # whichever way (dot products or im2col rows) the kernel takes.
+    x = rng.standard_normal((2, 3, 9, 10))
+    x[0, 1, 4, 9] = np.inf     # last column: read past a row's end by the wrapped taps
+    x[1, 2, 0, 0] = np.nan
+    x[1, 0, 8, 3] = -np.inf
+    w = rng.standard_normal((O, 3, 3, 3))
+    geo = dict(stride=1, padding=1, dilation=1)
+    want = ref.conv2d(x, w, None, (1, 1), ((1, 1), (1, 1)), (1, 1))
+    g = rng.standard_normal(want.shape)
+    _, rgw, _ = ref.conv2d_backward(g, x, w, (1, 1), ((1, 1), (1, 1)), (1, 1))
+    _, gw, _ = cypool.conv2d_backward(g, x, w, **geo, needs_input_grad=False)
+    np.testing.assert_array_equal(np.isnan(gw), np.isnan(rgw))
+    np.testing.assert_allclose(gw[~np.isnan(gw)], rgw[~np.isnan(rgw)], rtol=1e-10)
+    # Finite images in the same batch as a non-finite one stay exact.
+    x[1] = rng.standard_normal(x[1].shape)
+    _, rgw, _ = ref.conv2d_backward(g, x, w, (1, 1), ((1, 1), (1, 1)), (1, 1))
+    _, gw, _ = cypool.conv2d_backward(g, x, w, **geo, needs_input_grad=False)
+    np.testing.assert_array_equal(np.isnan(gw), np.isnan(rgw))
+    np.testing.assert_allclose(gw[~np.isnan(gw)], rgw[~np.isnan(rgw)], rtol=1e-10)
