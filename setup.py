@@ -20,7 +20,6 @@ import tempfile
 import textwrap
 import warnings
 
-import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -81,7 +80,13 @@ def base_compile_args(compiler_type):
 
 
 class BuildExt(build_ext):
-    """build_ext that adds OpenMP (when it works) and the compile flags."""
+    """build_ext that adds OpenMP (when it works) and the compile flags,
+    and compiles the variants in parallel (one per CPU, as ``-j``)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
 
     def build_extensions(self):
         ctype = self.compiler.compiler_type
@@ -153,8 +158,6 @@ extensions = [
     Extension(
         f"cypool._kernels_{name}",
         [f"cypool/_kernels_{name}.pyx"],
-        include_dirs=[np.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=args,
     )
     for name, args in variants()
@@ -163,6 +166,7 @@ extensions = [
 setup(
     ext_modules=cythonize(
         extensions,
+        nthreads=os.cpu_count() or 1,  # one process per variant
         compiler_directives=DIRECTIVES,
         annotate=os.environ.get("CYPOOL_ANNOTATE") == "1",
     ),

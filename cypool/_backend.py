@@ -1,7 +1,8 @@
 """The compiled kernels and how many threads a call gets.
 
 The kernels are built once per instruction-set level (setup.py); at import
-the best variant the CPU runs is loaded, as numpy reports its features.
+the best variant the CPU runs is loaded, as CPUID reports its features
+(``_cpu_features``).
 The convolution takes it; the max-pool and argmax kernels take the best one
 up to AVX2 (``CAPPED``). ``CYPOOL_ISA=baseline`` (or another built level)
 forces one level for every kernel.
@@ -51,12 +52,40 @@ CAPPED = {
 ISA_ENV = "CYPOOL_ISA"
 
 
-def _cpu_features() -> dict:
+def _numpy_features() -> dict:
     try:
         mod = importlib.import_module("numpy._core._multiarray_umath")
     except ImportError:  # numpy < 2
         mod = importlib.import_module("numpy.core._multiarray_umath")
     return mod.__cpu_features__
+
+
+def _cpuid_features() -> dict:
+    """CPUID's answer, from a variant every CPU of its build runs: the
+    portable baseline, or the only variant of a CYPOOL_NATIVE=1 build."""
+    for name in ("baseline", "native"):
+        if _built(name):
+            return _load(name).cpu_features()
+    return {}
+
+
+def _cpu_features() -> dict:
+    """{feature: bool} for every feature a level needs (numpy's names).
+
+    CPUID and XGETBV decide, where they can be asked (x86-64): they also
+    say whether the OS saves AVX and AVX-512 state. numpy is asked as well,
+    and a feature it reports absent counts as absent (numpy can be told to
+    ignore features, and the tests simulate smaller CPUs that way), but a
+    feature numpy does not know never downgrades the choice: numpy 1.x has
+    no BMI, BMI2, LZCNT or MOVBE keys, and picking by numpy alone ran the
+    baseline kernels on AVX-512 machines. Where CPUID cannot be asked,
+    numpy's answer stands."""
+    npf = _numpy_features()
+    cpu = _cpuid_features()
+    feats = {}
+    for f in {f for _, need in LEVELS for f in need}:
+        feats[f] = (cpu[f] and npf.get(f) is not False) if f in cpu else bool(npf.get(f))
+    return feats
 
 
 def _built(name) -> bool:
@@ -76,13 +105,14 @@ def missing_features(level: str, feats: dict) -> list:
     return [f for f in dict(LEVELS)[level] if not feats.get(f, False)]
 
 
-def _choose():
+def _choose(feats=None):
     """(name of the chosen level, its module, names of the variants built,
-    whether the level was forced)."""
+    whether the level was forced), for the CPU features feats (default:
+    this CPU's)."""
     built = [name for name, _ in LEVELS if _built(name)]
     if not built:
         raise ImportError("cypool: no compiled kernels found; was the package built?")
-    feats = _cpu_features()
+    feats = CPU_FEATURES if feats is None else feats
     forced = os.environ.get(ISA_ENV)
     if forced:
         if forced not in built:
@@ -97,9 +127,10 @@ def _choose():
     return "baseline", _load("baseline"), built, False
 
 
+CPU_FEATURES = _cpu_features()
 ISA, kernels, AVAILABLE_ISAS, _FORCED = _choose()
 # The variants built that this CPU runs: the only ones that may be imported.
-RUNNABLE_ISAS = [n for n in AVAILABLE_ISAS if not missing_features(n, _cpu_features())]
+RUNNABLE_ISAS = [n for n in AVAILABLE_ISAS if not missing_features(n, CPU_FEATURES)]
 _ORDER = [name for name, _ in LEVELS]
 
 
@@ -220,6 +251,10 @@ def show_config(file=None) -> None:
     if capped:
         print(f"max-pool and argmax kernels: {', '.join(capped)} (faster there than {ISA})", file=out)
     print(f"variants built: {', '.join(AVAILABLE_ISAS)}", file=out)
+    for name in _ORDER[:_ORDER.index(ISA)]:
+        missing = missing_features(name, CPU_FEATURES)
+        if name in AVAILABLE_ISAS and missing:
+            print(f"{name} built but not used: this CPU lacks {', '.join(missing)}", file=out)
     if has_omp:
         print(f"OpenMP: yes (_OPENMP {omp_version}); default threads: {nthreads}", file=out)
     else:

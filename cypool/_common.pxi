@@ -95,3 +95,19 @@ def openmp_info():
 def max_threads():
     """omp_get_max_threads(): OpenMP's default team size for this thread."""
     return omp_get_max_threads()
+
+
+cdef extern from "_cpuid.h" nogil:
+    uint32_t cypool_cpuid_bits()
+    const char* CYPOOL_CPU_NAMES
+
+
+def cpu_features():
+    """The CPU features the variants need, as CPUID and XGETBV report them
+    (the OS saving AVX and AVX-512 state included): {name: bool}, numpy's
+    names; empty where CPUID cannot be asked (not x86-64)."""
+    cdef uint32_t bits = cypool_cpuid_bits()
+    if not bits >> 31:
+        return {}
+    names = CYPOOL_CPU_NAMES.decode().split()
+    return {name: bool((bits >> i) & 1) for i, name in enumerate(names)}

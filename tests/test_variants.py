@@ -98,11 +98,10 @@ def test_forcing_a_level_the_cpu_lacks_is_refused():
 
 def test_forced_level_error_names_the_variable(monkeypatch):
     monkeypatch.setenv(_backend.ISA_ENV, "avx512")
-    monkeypatch.setattr(_backend, "_cpu_features", lambda: {"AVX2": True})
     if "avx512" not in _backend.AVAILABLE_ISAS:
         pytest.skip("no AVX-512 variant in this build")
     with pytest.raises(ImportError, match="CYPOOL_ISA=.avx512., but this CPU lacks .*AVX512F"):
-        _backend._choose()
+        _backend._choose({"AVX2": True})
 
 
 # Import cypool in a fresh process whose numpy reports the CPU without some
@@ -143,3 +142,51 @@ def test_import_never_loads_a_variant_the_cpu_lacks(lacks, tmp_path):
     for level in ("avx512", "avx2"):
         if _backend.missing_features(level, {f: f not in lacks for f in dict(_backend.LEVELS)[level]}):
             assert f"cypool._kernels_{level}" not in loaded
+
+
+# numpy 1.x reports no BMI, BMI2, LZCNT or MOVBE: drop those keys from
+# numpy's feature dict before cypool is imported, and print what it chose.
+_OLD_NUMPY = """
+import numpy as np
+try:
+    feats = np._core._multiarray_umath.__cpu_features__
+except AttributeError:
+    feats = np.core._multiarray_umath.__cpu_features__
+for f in ("BMI", "BMI2", "LZCNT", "MOVBE"):
+    feats.pop(f, None)
+from cypool import _backend
+print(_backend.ISA)
+"""
+
+
+def test_a_numpy_that_lacks_feature_keys_never_downgrades(tmp_path):
+    res = subprocess.run([sys.executable, "-c", _OLD_NUMPY], capture_output=True, text=True,
+                         env=cypool_subprocess_env(drop=(_backend.ISA_ENV,)), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    best = next(n for n, _ in _backend.LEVELS
+                if n in _backend.AVAILABLE_ISAS and not _backend.missing_features(n, _backend.CPU_FEATURES))
+    assert res.stdout.strip() == best
+
+
+def test_cpuid_agrees_with_numpy_where_numpy_knows():
+    cpu = _backend._cpuid_features()
+    if not cpu:
+        pytest.skip("CPUID cannot be asked here (not x86-64)")
+    npf = _backend._numpy_features()
+    known = [f for f in cpu if npf.get(f) is not None]
+    assert known, "numpy reports none of the features cypool asks CPUID for"
+    assert {f: cpu[f] for f in known} == {f: bool(npf[f]) for f in known}
+    # The level CPUID allows is the one chosen, unless forced.
+    if not _backend._FORCED:
+        assert not _backend.missing_features(_backend.ISA, cpu)
+
+
+def test_show_config_names_what_a_better_level_lacks(monkeypatch, capsys):
+    if "avx512" not in _backend.AVAILABLE_ISAS or "avx2" not in _backend.AVAILABLE_ISAS:
+        pytest.skip("needs the AVX2 and AVX-512 variants")
+    feats = dict(_backend.CPU_FEATURES, AVX512F=False, AVX512BW=False)
+    monkeypatch.setattr(_backend, "CPU_FEATURES", feats)
+    monkeypatch.setattr(_backend, "ISA", "avx2")
+    cypool.show_config()
+    out = capsys.readouterr().out
+    assert "avx512 built but not used: this CPU lacks AVX512F, AVX512BW" in out
