@@ -124,12 +124,23 @@ def index_array(indices, name: str = "indices") -> np.ndarray:
     raise TypeError(f"{name} must be an integer array (int32 or int64), got {indices.dtype}")
 
 
+# Largest stride, padding or dilation accepted: anything larger has no use
+# on an array that fits in memory, and would overflow the kernels' integers.
+PARAM_LIMIT = 2**31 - 1
+
+
+def _bounded(values, name: str):
+    if any(v > PARAM_LIMIT for v in values):
+        raise ValueError(f"{name} must be at most {PARAM_LIMIT}, got {values}")
+    return values
+
+
 def step_params(stride, padding, dilation):
     """Checked (sh, sw, ph, pw, dh, dw): positive strides and dilations,
     non-negative padding."""
-    sh, sw = pair(stride, "stride")
-    ph, pw = pair(padding, "padding")
-    dh, dw = pair(dilation, "dilation")
+    sh, sw = _bounded(pair(stride, "stride"), "stride")
+    ph, pw = _bounded(pair(padding, "padding"), "padding")
+    dh, dw = _bounded(pair(dilation, "dilation"), "dilation")
     if sh < 1 or sw < 1:
         raise ValueError(f"stride must be positive, got {(sh, sw)}")
     if dh < 1 or dw < 1:
@@ -227,17 +238,6 @@ def unpool_geometry(H: int, W: int, kernel_size, stride, padding, output_size):
     if size[0] < 1 or size[1] < 1:
         raise ValueError(f"padding {(ph, pw)} leaves an empty unpooled output {size}")
     return size
-
-
-# Largest stride, padding or dilation accepted: anything larger has no use
-# on an array that fits in memory, and would overflow the kernels' integers.
-PARAM_LIMIT = 2**31 - 1
-
-
-def _bounded(values, name: str):
-    if any(v > PARAM_LIMIT for v in values):
-        raise ValueError(f"{name} must be at most {PARAM_LIMIT}, got {values}")
-    return values
 
 
 def conv_padding(padding, kh: int, kw: int, dh: int, dw: int, sh: int, sw: int):

@@ -175,11 +175,12 @@ cdef inline void _set_serial_team() noexcept nogil:
 
 
 cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,
-                        floating[:, :, :, ::1] out, const ConvJob* j, Py_ssize_t q0,
+                        floating[:, :, :, :] out, const ConvJob* j, Py_ssize_t q0,
                         Py_ssize_t q1) noexcept nogil:
     """Work items [q0, q1) of a forward call, with buffers of this thread's
     own; 1 when out of memory. Item q is chunk q % G of image q // G."""
     cdef Py_ssize_t q, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
+    cdef Py_ssize_t so = out.strides[3] // <Py_ssize_t>sizeof(floating)  # output column step
     # The narrowest vector tile (_vconv_kernel.h): half a vector where
     # there is one, else a third of the E block (one vector).
     cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
@@ -221,8 +222,12 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                     if ow < j.OW:
                         src = tmp + o * j.ce + (e - e_lo)
                         dst = &out[n, o, oh, ow]
-                        for r in range(min(e_end, oh * Wq + j.OW) - e):
-                            dst[r] = src[r] + b
+                        if so == 1:
+                            for r in range(min(e_end, oh * Wq + j.OW) - e):
+                                dst[r] = src[r] + b
+                        else:
+                            for r in range(min(e_end, oh * Wq + j.OW) - e):
+                                dst[r * so] = src[r] + b
                     e = e_end
     free(buf)
     free(tmp)
@@ -236,7 +241,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
                    const floating[:, :, :, :] w,     # IN  (O, C, kh, kw), any strides; transposed: (C, O, kh, kw)
                    bint transposed,
                    const floating[::1] bias,         # IN  (O,), or empty for none
-                   floating[:, :, :, ::1] out,       # OUT (N, O, OH, OW)
+                   floating[:, :, :, :] out,         # OUT (N, O, OH, OW), any strides
                    Py_ssize_t uh, Py_ssize_t uw, Py_ssize_t plh, Py_ssize_t plw,
                    Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t sh, Py_ssize_t sw,
                    Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int num_threads):

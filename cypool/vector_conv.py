@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
+from . import conv
 from ._backend import kernel, padded_columns, threads_for
 
 __all__ = ["vector_conv2d", "vector_conv2d_backward"]
@@ -53,6 +54,27 @@ def _conv_args(x, weight, stride, padding, dilation, xname="x"):
     return x5, batched, weight, (kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW)
 
 
+# Up to these many components per pixel, the convolution (forward, and
+# backward) runs as a standard NCHW convolution of the E component images
+# (conv2d's kernels, through strided views: no copy of x or of the output),
+# which vectorises along output positions; the E-vectorised tiles leave most
+# of a vector empty. The forward's crossover is lower: writing each
+# component image's outputs E values apart is scalar (bench/README.md has
+# the sweep).
+SMALL_E_FORWARD = 8
+SMALL_E_BACKWARD = 16
+
+
+def _component_views(a5: np.ndarray, n: int) -> np.ndarray:
+    """Image n of a (N, C, H, W, E) array as E images (E, C, H, W): a view."""
+    return a5[n].transpose(3, 0, 1, 2)
+
+
+def _small_e_plan(x5, weight, geom):
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    return conv.plan((x5.shape[4],) + x5.shape[1:4], weight.shape, (sh, sw), (ph, pw), (dh, dw))
+
+
 def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_threads=None):
     """2-D convolution over images whose pixels are vectors.
 
@@ -90,9 +112,16 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
         if b.shape != (O,):
             raise ValueError(f"bias must have shape ({O},) for {O} output channels, got {b.shape}")
         b = padded_columns(b[None, :])[0]
+    out = np.empty((N, O, OH, OW, E), dtype=dt)
+    if E <= SMALL_E_FORWARD:
+        plan = _small_e_plan(x5, weight, geom)
+        for n in range(N):
+            conv.forward_into(_component_views(out, n), _component_views(x5, n), weight, b[:0], plan, nt)
+        if bias is not None:
+            out[..., 0] += b[:O, None, None]
+        return out if batched else out[0]
     xc = chk.contiguous(x5, dt)
     wt = padded_columns(weight.reshape(O, C * kh * kw).T)  # (K, O padded): one row per tap
-    out = np.empty((N, O, OH, OW, E), dtype=dt)
     threads = threads_for(nt, xc.size + out.size, N * OH * OW)
     kh_, kw_, sh_, sw_ = geom[:4]
     ec = _e_chunk(E, kh_, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors
@@ -135,6 +164,9 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     g5 = chk.contiguous(g if batched else g[None], dt)
     grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
     grad_x = grad_w = None
+    if E <= SMALL_E_BACKWARD:
+        return _small_e_backward(g5, x5, weight, geom, batched, needs_input_grad, needs_weight_grad,
+                                 nt) + (grad_bias,)
     work = g5.size + x5.size
     if needs_input_grad:
         w2 = padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
@@ -153,3 +185,26 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
             grad_w = grad_w + partial[t]
         grad_w = grad_w.reshape(weight.shape)
     return grad_x, grad_w, grad_bias
+
+
+def _small_e_backward(g5, x5, weight, geom, batched, needs_input_grad, needs_weight_grad, nt):
+    """(grad_x, grad_w) of a small-E convolution, by conv2d's kernels on the
+    E component images of each image, the weight gradients added in image
+    order."""
+    plan = _small_e_plan(x5, weight, geom)
+    grad_x = grad_w = None
+    if needs_input_grad:
+        gx = np.empty(x5.shape, dtype=x5.dtype)
+        for n in range(x5.shape[0]):
+            conv.input_grad_into(_component_views(gx, n), _component_views(g5, n), weight, plan, nt)
+        grad_x = gx if batched else gx[0]
+    if needs_weight_grad:
+        O = weight.shape[0]
+        gb = np.empty(O, dtype=x5.dtype)  # conv2d's bias gradient: all components, not used
+        for n in range(x5.shape[0]):
+            gw = np.empty((O, weight[0].size), dtype=x5.dtype)
+            gc = np.ascontiguousarray(_component_views(g5, n))
+            conv.weight_grad_into(gw, gb, gc, _component_views(x5, n), plan, nt)
+            grad_w = gw if grad_w is None else grad_w + gw
+        grad_w = grad_w.reshape(weight.shape)
+    return grad_x, grad_w
