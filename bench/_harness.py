@@ -180,3 +180,36 @@ def start(doc: str, argv, quick_repeats: int):
     print(machine_line(n))
     print(peers_report())
     return args, n, (quick_repeats if args.quick else args.repeats)
+
+
+_RSS_PROBE = """
+import sys
+import numpy as np
+sys.path.insert(0, {here!r})
+{setup}
+def status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+base = status("VmRSS")
+out = {call}
+print(status("VmHWM") - base - out.nbytes)
+"""
+
+
+def peak_rss_extra(setup: str, call: str):
+    """Peak RSS (VmHWM) that the first evaluation of `call` adds beyond the
+    array it returns, in a fresh process after `setup` (code that makes the
+    inputs): a kernel's own malloc counts, which tracemalloc does not see,
+    and no earlier call has left buffers in the heap. Bytes, or None where
+    Linux's /proc is unavailable."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = _RSS_PROBE.format(here=here, setup=setup, call=call)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if res.returncode:
+        return None
+    return max(0, int(res.stdout.split()[-1]))

@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 
 import cnn_models
 import cypool
-from _harness import compare, optional, start, table, torch
+from _harness import compare, optional, peak_rss_extra, start, table, torch
 
 SEED_CONVS = [  # name, input (C, H, W), weight, needs input grad
     ("conv 1", (1, 28, 28), (2, 1, 5, 5), False),
@@ -53,43 +53,6 @@ def numpy_im2col(x, w, b, s, p):
     cols = win.reshape(C * kh * kw, N * OH * OW)
     out = (w.reshape(O, -1) @ cols + b[:, None]).reshape(O, N, OH, OW)
     return np.ascontiguousarray(out.transpose(1, 0, 2, 3))
-
-
-_RSS_PROBE = """
-import sys, numpy as np
-sys.path.insert(0, {here!r})
-import bench_conv, cypool
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-rng = np.random.default_rng(0)
-x = rng.standard_normal({xs}, dtype=np.float32)
-w = rng.standard_normal({ws}).astype(np.float32)
-b = rng.standard_normal({ws}[0]).astype(np.float32)
-fn = {{"cypool": lambda: cypool.conv2d(x, w, b, {s}, {p}, num_threads={n}),
-      "numpy": lambda: bench_conv.numpy_im2col(x, w, b, {s}, {p})}}[{peer!r}]
-base = status("VmRSS")
-out = fn()
-print(status("VmHWM") - base - out.nbytes)
-"""
-
-
-def peak_rss_extra(peer, xs, ws, s, p, n):
-    """Peak RSS (VmHWM) a first forward call adds beyond its output, in a
-    fresh process: the kernel's own mallocs count, as tracemalloc would not
-    see them, and no earlier call has left its buffers in the heap. None
-    where /proc is unavailable."""
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = _RSS_PROBE.format(here=here, xs=xs, ws=ws, s=s, p=p, n=n, peer=peer)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if res.returncode:
-        return None
-    return max(0, int(res.stdout.split()[-1]))
 
 
 def seed_rows(n, reps):
@@ -161,8 +124,12 @@ def main(argv=None):
         res = compare(fwd, reps, pause=0.15)
         fwd_rows.append((case + f", cypool {flops / res['cypool'] / 1e9:.0f} GFLOP/s", res))
         bwd_rows.append((case, compare(bwd, max(3, reps // 3), pause=0.15)))
-        cy_mem = peak_rss_extra("cypool", xs, ws, s, p, n)
-        np_mem = peak_rss_extra("numpy", xs, ws, s, p, n)
+        setup = (f"import bench_conv, cypool\nrng = np.random.default_rng(0)\n"
+                 f"x = rng.standard_normal({xs}, dtype=np.float32)\n"
+                 f"w = rng.standard_normal({ws}).astype(np.float32)\n"
+                 f"b = rng.standard_normal({ws[0]}).astype(np.float32)")
+        cy_mem = peak_rss_extra(setup, f"cypool.conv2d(x, w, b, {s}, {p}, num_threads={n})")
+        np_mem = peak_rss_extra(setup, f"bench_conv.numpy_im2col(x, w, b, {s}, {p})")
         limit = max(0.25 * out.nbytes, 8 * 2**20)
         fmt = (lambda v: "n/a" if v is None else f"{v / 2**20:.1f}")
         mem_lines.append(f"| {case} | {out.nbytes / 2**20:.1f} | {fmt(cy_mem)} | {fmt(np_mem)} | "

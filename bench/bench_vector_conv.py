@@ -2,25 +2,25 @@
 
 Run: python bench/bench_vector_conv.py [--threads N] [--repeats R] [--quick]
 
-Shapes of seed 001's zonotope networks (MNIST ConvSmall, CIFAR ConvBig) and
-one with small E. Peers: the seed's accepted answer (permute to (E, C, H, W),
-F.conv2d with E as the batch, bias on slice 0, permute back and make it
-contiguous) and its autograd backward, when torch is installed; numpy
-as_strided im2col + matrix product. Also the peak memory each call allocates
-beyond its output, measured with tracemalloc (numpy and cypool allocations).
+Shapes of the zonotope networks of neural-network verification (MNIST
+ConvSmall, CIFAR ConvBig) and one with small E. Peers: the accepted PyTorch
+answer to the vector-pixel question (permute to (E, C, H, W), F.conv2d with
+E as the batch, bias on slice 0, permute back and make it contiguous) and
+its autograd backward, when torch is installed; numpy as_strided im2col +
+matrix product. Also the extra peak memory of a first call beyond its
+output, as peak RSS (VmHWM) in a fresh process, which sees the kernels' own
+mallocs; and a sweep of small E (a few components per pixel).
 
 For a fair numpy peer, unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE in the
 shell that runs this (they force an older OpenBLAS kernel on some CPUs).
 """
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import cypool
-from _harness import compare, start, table, torch
+from _harness import compare, peak_rss_extra, start, table, torch
 
 SHAPES = [  # name, (C, H, W, E), O, k, s, p
     ("MNIST ConvSmall 1", (1, 28, 28, 785), 16, 4, 2, 0),
@@ -30,6 +30,15 @@ SHAPES = [  # name, (C, H, W, E), O, k, s, p
     ("small E", (16, 32, 32, 8), 32, 3, 1, 1),
 ]
 QUICK = [("MNIST ConvSmall 1", (1, 28, 28, 785), 16, 4, 2, 0), ("small E", (16, 16, 16, 8), 8, 3, 1, 1)]
+# The small-E sweep: a few components per pixel (few error terms, or a
+# standard convolution's batch).
+SWEEP_E = (1, 2, 4, 8, 16, 32)
+SWEEP = [
+    ("ConvSmall 1", (1, 28, 28), 16, 4, 2, 0),
+    ("ConvSmall 2", (16, 13, 13), 32, 4, 2, 0),
+    ("small E", (16, 32, 32), 32, 3, 1, 1),
+    ("(1, 28, 28) * (2, 1, 5, 5)", (1, 28, 28), 2, 5, 1, 0),
+]
 
 
 def numpy_im2col(x, w, b, s, p):
@@ -54,15 +63,30 @@ def torch_seed_answer(tx, tw, tb, s, p):
     return out.permute(1, 2, 3, 0).contiguous()
 
 
-def peak_extra(fn, out_bytes):
-    """Peak bytes a call allocates (tracemalloc) beyond its output."""
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    res = fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    del res
-    return max(0, peak - out_bytes)
+def sweep(n, reps, quick):
+    """Forward and backward rows of the small-E sweep."""
+    rng = np.random.default_rng(1)
+    fwd_rows, bwd_rows = [], []
+    for name, (C, H, W), O, k, s, p in (SWEEP[:1] if quick else SWEEP):
+        for E in (SWEEP_E[:2] if quick else SWEEP_E):
+            x = rng.standard_normal((C, H, W, E), dtype=np.float32)
+            w = (rng.standard_normal((O, C, k, k)) / np.sqrt(C * k * k)).astype(np.float32)
+            b = rng.standard_normal(O).astype(np.float32)
+            out = cypool.vector_conv2d(x, w, b, s, p, num_threads=n)
+            g = rng.standard_normal(out.shape, dtype=np.float32)
+            fwd = {"cypool": lambda: cypool.vector_conv2d(x, w, b, s, p, num_threads=n),
+                   "numpy im2col": lambda: numpy_im2col(x, w, b, s, p)}
+            bwd = {"cypool": lambda: cypool.vector_conv2d_backward(g, x, w, s, p, num_threads=n)}
+            if torch is not None:
+                tx, tw, tb, tg = (torch.from_numpy(a) for a in (x, w, b, g))
+                fwd["torch (seed answer)"] = lambda: torch_seed_answer(tx, tw, tb, s, p)
+                txg, twg = tx.clone().requires_grad_(True), tw.clone().requires_grad_(True)
+                bwd["torch autograd"] = lambda: torch.autograd.grad(
+                    torch_seed_answer(txg, twg, tb, s, p), (txg, twg), tg)
+            case = f"{name} O={O} k{k} s{s} p{p}, E = {E}"
+            fwd_rows.append((case, compare(fwd, reps, pause=0.02)))
+            bwd_rows.append((case, compare(bwd, reps, pause=0.02)))
+    return fwd_rows, bwd_rows
 
 
 def main(argv=None):
@@ -94,17 +118,28 @@ def main(argv=None):
         # numpy's matrix product leaves OpenBLAS threads spinning for ~0.1 s.
         fwd_rows.append((case, compare(fwd, reps, pause=0.15)))
         bwd_rows.append((case, compare(bwd, max(3, reps // 2), pause=0.15)))
-        cy_mem = peak_extra(lambda: cypool.vector_conv2d(x, w, b, s, p, num_threads=n), out.nbytes)
-        np_mem = peak_extra(lambda: numpy_im2col(x, w, b, s, p), out.nbytes)
+        setup = (f"import bench_vector_conv, cypool\nrng = np.random.default_rng(0)\n"
+                 f"x = rng.standard_normal({(C, H, W, E)}, dtype=np.float32)\n"
+                 f"w = rng.standard_normal({(O, C, k, k)}).astype(np.float32)\n"
+                 f"b = rng.standard_normal({O}).astype(np.float32)")
+        cy_mem = peak_rss_extra(setup, f"cypool.vector_conv2d(x, w, b, {s}, {p}, num_threads={n})")
+        np_mem = peak_rss_extra(setup, f"bench_vector_conv.numpy_im2col(x, w, b, {s}, {p})")
         limit = max(0.1 * out.nbytes, 4 * 2**20)
-        mem_lines.append(f"| {case} | {out.nbytes / 2**20:.1f} | {cy_mem / 2**20:.2f} | "
-                         f"{np_mem / 2**20:.1f} | {'yes' if cy_mem <= limit else 'NO'} |")
+        fmt = (lambda v: "n/a" if v is None else f"{v / 2**20:.2f}")
+        mem_lines.append(f"| {case} | {out.nbytes / 2**20:.1f} | {fmt(cy_mem)} | {fmt(np_mem)} | "
+                         f"{'n/a' if cy_mem is None else ('yes' if cy_mem <= limit else 'NO')} |")
     print()
     print(table("vector_conv2d forward, float32", fwd_rows))
     print()
     print(table("vector_conv2d_backward (input and weight gradients), float32", bwd_rows))
     print()
-    print("### peak memory allocated beyond the output (tracemalloc)")
+    sf, sb = sweep(n, max(3, reps // 2), args.quick)
+    print()
+    print(table("vector_conv2d forward at small E, float32", sf))
+    print()
+    print(table("vector_conv2d_backward at small E (input and weight gradients), float32", sb))
+    print()
+    print("### extra peak memory of a first call beyond its output (peak RSS, VmHWM, fresh process)")
     print()
     print("| case | output MiB | cypool MiB | numpy im2col MiB | cypool within max(10% of output, 4 MiB) |")
     print("|---|---|---|---|---|")

@@ -230,3 +230,28 @@ def test_e_chunked_sweep_matches(rng, monkeypatch):
     gx, gw, _ = cypool.vector_conv2d_backward(g, x, w, (1, 2), 1)
     np.testing.assert_allclose(gx, rgx, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(gw, rgw, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("E", [1, 2, 4, 8, 16, 32])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_e_sweep_matches_reference(rng, E, dtype):
+    # The E values of the small-E sweep, on both sides of each crossover
+    # (cypool.vector_conv.SMALL_E_FORWARD / SMALL_E_BACKWARD), batched,
+    # with padding, stride and dilation, and ties and specials in x.
+    x = rng.standard_normal((2, 3, 11, 9, E)).astype(dtype)
+    x[0, 1, 2, 3, :] = 0.0
+    w = rng.standard_normal((5, 3, 3, 2)).astype(dtype)
+    b = rng.standard_normal(5).astype(dtype)
+    geo = dict(stride=(2, 1), padding=(1, 2), dilation=(2, 1))
+    args = ((2, 1), (1, 2), (2, 1))
+    out = cypool.vector_conv2d(x, w, b, **geo)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    np.testing.assert_allclose(out, ref.vector_conv2d(x64, w64, b.astype(np.float64), *args), **tol(dtype))
+    g = rng.standard_normal(out.shape).astype(dtype)
+    for got, want in zip(cypool.vector_conv2d_backward(g, x, w, **geo),
+                         ref.vector_conv2d_backward(g.astype(np.float64), x64, w64, *args)):
+        np.testing.assert_allclose(got, want, **tol(dtype))
+    # Unbatched, and a non-contiguous x, give the same.
+    np.testing.assert_allclose(cypool.vector_conv2d(x[1], w, b, **geo), out[1], **tol(dtype))
+    xv = np.ascontiguousarray(x[:, :, ::-1])[:, :, ::-1]
+    np.testing.assert_array_equal(cypool.vector_conv2d(xv, w, b, **geo), out)
