@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The flags setup.py gives the avx2 variant (base_compile_args, OpenMP, VARIANTS).
+# The flags setup.py gives the avx2 variant (base_compile_args, OpenMP, variants()).
 CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-tautological-compare",
           "-fopenmp", "-march=x86-64-v3", "-mtune=generic"]
 

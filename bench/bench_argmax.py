@@ -1,11 +1,12 @@
-"""Feature-map argmax: a reproduction of seed 002's benchmark.
+"""Feature-map argmax: the benchmark of the question "the (row, col) of the
+maximum of every H x W map of [N, C, H, W]", reproduced.
 
 Run: python bench/bench_argmax.py [--threads N] [--repeats R] [--quick] [--plot PATH]
 
 [32, d, 64, 64] float32 (and float64) with d from 5 to 245 in steps of 10:
 cypool.argmax2d against numpy reshape/argmax/unravel_index, torch
-flatten/argmax/divmod and the seed's nested torch.stack baseline (small d
-only), a Numba prange argmax (the seed's "solution six" idea, written here),
+flatten/argmax/divmod and the question's nested torch.stack baseline (small d
+only), a Numba prange argmax (the best answer the question got, written here),
 and torch.amax over (2, 3), a reduction that reads the data once: the
 bandwidth floor.
 """
@@ -49,7 +50,7 @@ def torch_peers(x):
         a = tx.flatten(2).argmax(-1)
         return torch.stack((a // W, a % W), -1)
 
-    def nested_stack():  # the seed's baseline
+    def nested_stack():  # the question's baseline
         return torch.stack([torch.stack([torch.tensor(divmod(int(tx[n, c].argmax()), W))
                                          for c in range(tx.shape[1])])
                             for n in range(tx.shape[0])])
@@ -107,7 +108,7 @@ def main(argv=None):
             rows.append((f"d={d}", measure(xs, n, max(3, reps // 3), nb, d <= 25)))
         sweep[np.dtype(dtype).name] = rows
         print()
-        print(table(f"seed 002 sweep: [32, d, 64, 64] {np.dtype(dtype).name}", rows))
+        print(table(f"argmax sweep: [32, d, 64, 64] {np.dtype(dtype).name}", rows))
 
     try:
         import matplotlib

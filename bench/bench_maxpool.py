@@ -2,7 +2,8 @@
 
 Run: python bench/bench_maxpool.py [--threads N] [--repeats R]
 
-Forward with indices, backward, and the batch-of-one layer step of seed 000,
+Forward with indices, backward, and the batch-of-one layer step of an
+educational numpy CNN,
 each against the peers that are installed. The forward is also compared with
 a memory-bandwidth floor: numpy's x.copy() time scaled by the bytes the call
 must move, t_copy * (input + output + index bytes) / (2 * input bytes).
@@ -24,7 +25,7 @@ QUICK_SHAPES = [((4, 16, 56, 56), 2, 2, 0), ((4, 16, 28, 28), 3, 1, 1)]
 
 
 def numpy_pool_with_indices(x, k, s, p):
-    """The as_strided recipe (seeds 000/003) made general: -inf padding,
+    """The as_strided + argmax recipe numpy users write, made general: -inf padding,
     window view, argmax over the flattened window, flat input indices."""
     N, C, H, W = x.shape
     xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=-np.inf) if p else x
@@ -78,7 +79,7 @@ def main(argv=None):
         floor_rows.append((case, {"cypool": r["cypool"], "floor": floor}))
         bwd_rows.append((case, compare(bwd, reps)))
 
-    # Seed 000: batch of one through the layer, forward + backward.
+    # An educational numpy CNN's pool: batch of one through the layer, forward + backward.
     x1 = rng.standard_normal((1, 2, 24, 24))
     layer = cypool.MaxPool2d(2, 2)
     g1 = np.ones((1, 2, 12, 12))
@@ -118,7 +119,7 @@ def main(argv=None):
     print()
     print(table("max_pool2d_backward, float32", bwd_rows))
     print()
-    print(table("batch of one (seed 000)", step_rows))
+    print(table("batch of one, as a numpy CNN calls the layer", step_rows))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Vector-pixel convolution: cypool vs the seed's PyTorch answer vs numpy im2col.
+"""Vector-pixel convolution: cypool vs the accepted PyTorch answer vs numpy im2col.
 
 Run: python bench/bench_vector_conv.py [--threads N] [--repeats R] [--quick]
 
@@ -55,7 +55,8 @@ def numpy_im2col(x, w, b, s, p):
 
 
 def torch_seed_answer(tx, tw, tb, s, p):
-    """The seed's accepted answer, with the result made contiguous."""
+    """The accepted PyTorch answer to the vector-pixel question, with the
+    result made contiguous."""
     import torch.nn.functional as F
 
     out = F.conv2d(tx.permute(3, 0, 1, 2), tw, None, s, p)
@@ -79,7 +80,7 @@ def sweep(n, reps, quick):
             bwd = {"cypool": lambda: cypool.vector_conv2d_backward(g, x, w, s, p, num_threads=n)}
             if torch is not None:
                 tx, tw, tb, tg = (torch.from_numpy(a) for a in (x, w, b, g))
-                fwd["torch (seed answer)"] = lambda: torch_seed_answer(tx, tw, tb, s, p)
+                fwd["torch (permute + conv)"] = lambda: torch_seed_answer(tx, tw, tb, s, p)
                 txg, twg = tx.clone().requires_grad_(True), tw.clone().requires_grad_(True)
                 bwd["torch autograd"] = lambda: torch.autograd.grad(
                     torch_seed_answer(txg, twg, tb, s, p), (txg, twg), tg)
@@ -106,7 +107,7 @@ def main(argv=None):
         bwd = {"cypool": lambda: cypool.vector_conv2d_backward(g, x, w, s, p, num_threads=n)}
         if torch is not None:
             tx, tw, tb, tg = (torch.from_numpy(a) for a in (x, w, b, g))
-            fwd["torch (seed answer)"] = lambda: torch_seed_answer(tx, tw, tb, s, p)
+            fwd["torch (permute + conv)"] = lambda: torch_seed_answer(tx, tw, tb, s, p)
             txg, twg = tx.clone().requires_grad_(True), tw.clone().requires_grad_(True)
 
             def torch_backward():

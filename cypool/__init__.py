@@ -13,7 +13,7 @@ Cython + OpenMP kernels behind numpy functions and layer classes:
 """
 from ._backend import show_config
 from .argmax import argmax2d
-from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d
+from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d, max_unpool2d_backward
 from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
 from .layers import Conv2d, GlobalMaxPool2d, Layer, MaxPool2d, MaxUnpool2d, VectorConv2d
@@ -24,6 +24,7 @@ __all__ = [
     "max_pool2d",
     "max_pool2d_backward",
     "max_unpool2d",
+    "max_unpool2d_backward",
     "Layer",
     "MaxPool2d",
     "MaxUnpool2d",

@@ -1,8 +1,8 @@
 # Feature-map argmax: the first maximum (or first NaN) of each contiguous map.
 #
 # A map is scanned in chunks. For each chunk a vectorised pass keeps running
-# maxima in SIMD lanes (for floats: SSE2 MAXPS, which is exactly v > m ? v : m,
-# in _simd.h) and ORs together "is NaN" flags. Only when a
+# maxima in SIMD lanes (for floats: MAXPS, SSE2 or AVX2 by build, which is
+# exactly v > m ? v : m, in _simd.h) and ORs together "is NaN" flags. Only when a
 # chunk's maximum beats the best so far is the chunk searched again for the
 # first element equal to it; on random data that happens O(log n) times per
 # map. A chunk holding a NaN is searched for its first NaN, and the scan
@@ -29,6 +29,14 @@ cdef inline bint _chunk_max(const value_t* x, Py_ssize_t n, value_t low,
         return cypool_chunk_max_f32(x, n, cmax)
     elif value_t is double:
         return cypool_chunk_max_f64(x, n, cmax)
+    else:
+        return _chunk_max_lanes(x, n, low, cmax)
+
+
+cdef inline bint _chunk_max_lanes(const value_t* x, Py_ssize_t n, value_t low,
+                                  value_t* cmax) noexcept nogil:
+    """_chunk_max in LANES running maxima that gcc vectorises (the integer
+    types; the floats have intrinsics in _simd.h)."""
     cdef value_t lm[LANES]
     cdef bint nan[LANES]
     cdef Py_ssize_t i, l, nv = n - n % LANES
@@ -56,28 +64,30 @@ cdef inline bint _chunk_max(const value_t* x, Py_ssize_t n, value_t low,
 
 cdef inline Py_ssize_t _first_equal(const value_t* x, Py_ssize_t n, value_t target) noexcept nogil:
     """First i with x[i] == target (target is not NaN)."""
+    cdef Py_ssize_t i
     if value_t is float:
         return cypool_first_f32(x, n, target, False)
     elif value_t is double:
         return cypool_first_f64(x, n, target, False)
-    cdef Py_ssize_t i
-    for i in range(n):
-        if x[i] == target:
-            return i
-    return 0
+    else:
+        for i in range(n):
+            if x[i] == target:
+                return i
+        return 0
 
 
 cdef inline Py_ssize_t _first_nan(const value_t* x, Py_ssize_t n) noexcept nogil:
     """First i with x[i] NaN (the caller knows there is one)."""
+    cdef Py_ssize_t i
     if value_t is float:
         return cypool_first_f32(x, n, 0, True)
     elif value_t is double:
         return cypool_first_f64(x, n, 0, True)
-    cdef Py_ssize_t i
-    for i in range(n):
-        if x[i] != x[i]:
-            return i
-    return 0
+    else:
+        for i in range(n):
+            if x[i] != x[i]:
+                return i
+        return 0
 
 
 cdef inline Py_ssize_t _argmax_range(const value_t* x, Py_ssize_t n, value_t* best) noexcept nogil:

@@ -326,3 +326,47 @@ def out_arg(out, shape: tuple, dtype: np.dtype) -> np.ndarray:
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("out must be a writable, C-contiguous array")
     return out
+
+
+def conv_arrays(x, weight, ndims: tuple, xname: str = "x"):
+    """(x, weight) of a convolution, checked: float32 or float64, the same
+    dtype, x of a rank in ndims and weight (O, C, kh, kw) with x's C
+    channels (x's channel axis is its fourth from the end when batched
+    images are (N, C, H, W, ...))."""
+    x, _ = array(x, xname, ndims, floating_only=True)
+    weight, _ = array(weight, "weight", (4,), floating_only=True)
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} must match {xname} dtype {x.dtype}")
+    return x, weight
+
+
+def conv_channels(C: int, wshape: tuple, xname: str = "x") -> None:
+    if wshape[1] != C:
+        raise ValueError(f"weight has {wshape[1]} input channels but {xname} has {C} (weight shape {wshape})")
+
+
+_NO_BIAS = {d: np.empty(0, d) for d in FLOAT_DTYPES}
+
+
+def bias_arg(bias, O: int, dtype: np.dtype) -> np.ndarray:
+    """bias as a C-contiguous (O,) array of dtype, or an empty one for None."""
+    if bias is None:
+        return _NO_BIAS[dtype]
+    if type(bias) is np.ndarray and bias.dtype == dtype and bias.shape == (O,) and bias.flags.c_contiguous:
+        return bias
+    b, _ = array(bias, "bias", (1,), floating_only=True)
+    if b.dtype != dtype:
+        raise TypeError(f"bias dtype {b.dtype} must match x dtype {dtype}")
+    if b.shape != (O,):
+        raise ValueError(f"bias must have shape ({O},) for {O} output channels, got {b.shape}")
+    return contiguous(b, dtype)
+
+
+def grad_output_arg(grad_output, dtype: np.dtype, want: tuple) -> np.ndarray:
+    """grad_output of a convolution: of x's dtype and the output's shape."""
+    g, _ = array(grad_output, "grad_output", (len(want),), floating_only=True)
+    if g.dtype != dtype:
+        raise TypeError(f"grad_output dtype {g.dtype} must match x dtype {dtype}")
+    if g.shape != want:
+        raise ValueError(f"grad_output must have shape {want} for this x and weight, got {g.shape}")
+    return g

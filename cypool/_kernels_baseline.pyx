@@ -1,5 +1,5 @@
 # The compiled kernels of cypool, built once per instruction-set level:
-# this is the "baseline" variant (see setup.py, VARIANTS). Every variant compiles
+# this is the "baseline" variant (see setup.py, variants()). Every variant compiles
 # the same sources; cypool/_backend.py imports the best one the CPU runs.
 # Directives are set once, in setup.py.
 include "_common.pxi"

@@ -29,7 +29,6 @@ _CHUNK_MAX = 768
 # Chunks are whole multiples of every build's E block (3 vectors of 2 to 16
 # values), so that only an image's last chunk has a partial block.
 _CHUNK_STEP = 48
-_NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
 
 
 class _Pass(NamedTuple):
@@ -61,9 +60,8 @@ def _plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str) -
     """Checked geometry of a convolution of x (N, C, H, W) by weight
     (O, C, kh, kw), and the arguments of its kernel passes."""
     N, C, H, W = xshape
-    O, Cw, kh, kw = wshape
-    if Cw != C:
-        raise ValueError(f"weight has {Cw} input channels but {xname} has {C} (weight shape {wshape})")
+    O, _, kh, kw = wshape
+    chk.conv_channels(C, wshape, xname)
     sh, sw, dh, dw, ph0, ph1, pw0, pw1, OH, OW = chk.conv_geometry(H, W, kh, kw, stride, padding,
                                                                     dilation)
     Hp, Wp = H + ph0 + ph1, W + pw0 + pw1
@@ -83,25 +81,9 @@ def _plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str) -
 
 def _arrays(x, weight, xname="x"):
     """x as 4-D and weight, checked; and whether x was batched."""
-    x, _ = chk.array(x, xname, (3, 4), floating_only=True)
-    weight, _ = chk.array(weight, "weight", (4,), floating_only=True)
-    if weight.dtype != x.dtype:
-        raise TypeError(f"weight dtype {weight.dtype} must match {xname} dtype {x.dtype}")
+    x, weight = chk.conv_arrays(x, weight, (3, 4), xname)
     batched = x.ndim == 4
     return (x if batched else x[None]), weight, batched
-
-
-def _bias(bias, O: int, dtype: np.dtype) -> np.ndarray:
-    if bias is None:
-        return _NO_BIAS[dtype]
-    if type(bias) is np.ndarray and bias.dtype == dtype and bias.shape == (O,) and bias.flags.c_contiguous:
-        return bias
-    b, _ = chk.array(bias, "bias", (1,), floating_only=True)
-    if b.dtype != dtype:
-        raise TypeError(f"bias dtype {b.dtype} must match x dtype {dtype}")
-    if b.shape != (O,):
-        raise ValueError(f"bias must have shape ({O},) for {O} output channels, got {b.shape}")
-    return chk.contiguous(b, dtype)
 
 
 def _work(macs: int, touched: int) -> int:
@@ -171,7 +153,7 @@ def input_grad_into(gx, g4, weight, plan: _Plan, nt: int) -> None:
             gx[...] = res
     else:
         threads, ce = _threads_and_chunk(p, nt, N)
-        kernel("conv2d_forward", dt)(g4, weight, True, _NO_BIAS[dt], gx, *p.args, ce, threads)
+        kernel("conv2d_forward", dt)(g4, weight, True, chk.bias_arg(None, 0, dt), gx, *p.args, ce, threads)
 
 
 def weight_grad_into(gw, gb, gc, x4, plan: _Plan, nt: int) -> None:
@@ -221,7 +203,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, n
     plan = _plan(x4.shape, weight.shape, _key(stride), _key(padding), _key(dilation), "x")
     dt = x4.dtype
     nt = chk.num_threads_arg(num_threads)
-    b = _bias(bias, weight.shape[0], dt)
+    b = chk.bias_arg(bias, weight.shape[0], dt)
     if out is None:
         res = np.empty(plan.out_shape, dtype=dt)
     else:
@@ -260,12 +242,7 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     x4, weight, batched = _arrays(x, weight)
     plan = _plan(x4.shape, weight.shape, _key(stride), _key(padding), _key(dilation), "x")
     dt = x4.dtype
-    g, _ = chk.array(grad_output, "grad_output", (3, 4), floating_only=True)
-    if g.dtype != dt:
-        raise TypeError(f"grad_output dtype {g.dtype} must match x dtype {dt}")
-    want = plan.out_shape if batched else plan.out_shape[1:]
-    if g.shape != want:
-        raise ValueError(f"grad_output must have shape {want} for this x and weight, got {g.shape}")
+    g = chk.grad_output_arg(grad_output, dt, plan.out_shape if batched else plan.out_shape[1:])
     nt = chk.num_threads_arg(num_threads)
     g4 = g if batched else g[None]
     N = x4.shape[0]

@@ -10,7 +10,7 @@ import numpy as np
 from . import _checks as chk
 from ._backend import kernel, streams, threads_for
 
-__all__ = ["max_pool2d", "max_pool2d_backward", "max_unpool2d"]
+__all__ = ["max_pool2d", "max_pool2d_backward", "max_unpool2d", "max_unpool2d_backward"]
 
 
 def _planes(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -168,7 +168,7 @@ def _backward(grad_output, kd, indices, input_shape, num_threads):
                   num_threads, "[0, H*W)", (grad_output.shape[-1], input_shape[-1]))
 
 
-def _backward_of_forward(grad_output, indices: np.ndarray, input_shape: tuple, num_threads):
+def backward_from_forward(grad_output, indices: np.ndarray, input_shape: tuple, num_threads):
     """max_pool2d_backward for a MaxPool2d layer: indices and input_shape are
     those its own forward produced and kept (checked then), so only
     grad_output is checked here: about 1 us less per batch-of-one step."""
@@ -215,3 +215,40 @@ def max_unpool2d(x, indices, kernel_size, stride=None, padding=0, output_size=No
     OH, OW = chk.unpool_geometry(H, W, kernel_size, stride, padding, output_size)
     return _place("max_unpool2d", x, kd, indices, x.shape[:-2] + (OH, OW),
                   num_threads, "[0, OH*OW)")
+
+
+def max_unpool2d_backward(grad_output, indices, x_shape, *, num_threads=None):
+    """Gradient of :func:`max_unpool2d` with respect to its ``x``.
+
+    Parameters
+    ----------
+    grad_output : ndarray, shape of the unpooled output, (N, C, OH, OW) or (C, OH, OW)
+    indices : ndarray of int, shape x_shape
+        The indices given to the forward call.
+    x_shape : tuple of int
+        The shape of the forward call's x.
+
+    Returns
+    -------
+    grad_x : ndarray of x_shape
+        Each entry receives the gradient at the position it was written to,
+        or zero if a later entry with the same index overwrote it.
+    """
+    grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
+    indices = chk.index_array(indices)
+    x_shape = chk.shape_arg(x_shape, "x_shape", grad_output.ndim)
+    if indices.shape != x_shape:
+        raise ValueError(f"indices shape {indices.shape} must be x_shape {x_shape}")
+    if grad_output.shape[:-2] != x_shape[:-2]:
+        raise ValueError(f"grad_output shape {grad_output.shape} does not match x_shape {x_shape}")
+    OH, OW = grad_output.shape[-2:]
+    H, W = x_shape[-2:]
+    go = chk.contiguous(grad_output, kd).reshape(-1, OH * OW)
+    ix = chk.contiguous(indices, indices.dtype).reshape(-1, H * W)
+    if ix.size and (ix.min() < 0 or ix.max() >= OH * OW):
+        raise ValueError(f"indices must lie in [0, {OH * OW}) for a grad_output of {OH} x {OW}")
+    gx = np.empty(ix.shape, dtype=kd)
+    nt = threads_for(chk.num_threads_arg(num_threads), go.size + 2 * gx.size, gx.shape[0])
+    kernel("max_unpool2d_backward", kd, ix.dtype)(go, ix, gx, nt)
+    gx = gx.reshape(x_shape)
+    return gx if kd == grad_output.dtype else gx.astype(grad_output.dtype)

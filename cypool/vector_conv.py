@@ -1,7 +1,7 @@
 """Vector-pixel convolution: the functional API.
 
 Images whose every pixel is a vector of E components, ``(C, H, W, E)`` or
-batched ``(N, C, H, W, E)`` (seed 001: zonotopes in network verification,
+batched ``(N, C, H, W, E)`` (zonotopes in neural-network verification,
 component 0 the centre and 1..E-1 the error-term generators). A scalar weight
 multiplies a whole pixel vector and vectors add elementwise; the bias is
 added once, to component 0 of every output pixel.
@@ -33,24 +33,15 @@ def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
 
 def _conv_args(x, weight, stride, padding, dilation, xname="x"):
     """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW))."""
-    x, kd = chk.array(x, xname, (4, 5), floating_only=True)
-    weight, wd = chk.array(weight, "weight", (4,), floating_only=True)
-    if x.dtype != weight.dtype:
-        raise TypeError(f"weight dtype {weight.dtype} must match {xname} dtype {x.dtype}")
+    x, weight = chk.conv_arrays(x, weight, (4, 5), xname)
     batched = x.ndim == 5
     x5 = x if batched else x[None]
     N, C, H, W, E = x5.shape
-    O, Cw, kh, kw = weight.shape
-    if Cw != C:
-        raise ValueError(f"weight has {Cw} input channels but {xname} has {C} (weight shape {weight.shape})")
+    O, _, kh, kw = weight.shape
+    chk.conv_channels(C, weight.shape, xname)
     sh, sw, ph, pw, dh, dw = chk.step_params(stride, padding, dilation)
-    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    if H + 2 * ph < dh * (kh - 1) + 1 or W + 2 * pw < dw * (kw - 1) + 1:
-        raise ValueError(
-            f"weight: kernel {(kh, kw)} with dilation {(dh, dw)} is larger than the padded "
-            f"input {(H + 2 * ph, W + 2 * pw)}"
-        )
+    OH, OW = chk.conv_geometry(H, W, kh, kw, chk.hashable((sh, sw)), chk.hashable((ph, pw)),
+                               chk.hashable((dh, dw)))[-2:]
     return x5, batched, weight, (kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW)
 
 
@@ -87,8 +78,8 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
         A scalar weight multiplies a whole pixel vector.
     bias : ndarray, shape (O,), or None
         Added once, to component 0 of every output pixel (the zonotope
-        centre). Seed 001's reference code adds it once per input channel,
-        contradicting its own rule; cypool follows the rule.
+        centre). The reference code people start from adds it once per
+        input channel, contradicting its own rule; cypool follows the rule.
     stride, padding, dilation : int or (int, int)
         As in ``torch.nn.Conv2d``; padding is zeros in every component.
     num_threads : int or None, keyword-only
@@ -103,28 +94,21 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     O, _, kh, kw = weight.shape
     nt = chk.num_threads_arg(num_threads)
     dt = x5.dtype
-    if bias is None:
-        b = np.empty(0, dt)
-    else:
-        b, _ = chk.array(bias, "bias", (1,), floating_only=True)
-        if b.dtype != dt:
-            raise TypeError(f"bias dtype {b.dtype} must match x dtype {dt}")
-        if b.shape != (O,):
-            raise ValueError(f"bias must have shape ({O},) for {O} output channels, got {b.shape}")
-        b = padded_columns(b[None, :])[0]
+    b = chk.bias_arg(bias, O, dt)
     out = np.empty((N, O, OH, OW, E), dtype=dt)
     if E <= SMALL_E_FORWARD:
         plan = _small_e_plan(x5, weight, geom)
         for n in range(N):
             conv.forward_into(_component_views(out, n), _component_views(x5, n), weight, b[:0], plan, nt)
         if bias is not None:
-            out[..., 0] += b[:O, None, None]
+            out[..., 0] += b[:, None, None]
         return out if batched else out[0]
     xc = chk.contiguous(x5, dt)
     wt = padded_columns(weight.reshape(O, C * kh * kw).T)  # (K, O padded): one row per tap
     threads = threads_for(nt, xc.size + out.size, N * OH * OW)
     kh_, kw_, sh_, sw_ = geom[:4]
     ec = _e_chunk(E, kh_, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors
+    b = padded_columns(b[None, :])[0] if b.size else b
     kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *geom, ec, threads)
     return out if batched else out[0]
 
@@ -154,12 +138,7 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     N, C, H, W, E = x5.shape
     O = weight.shape[0]
     dt = x5.dtype
-    g, _ = chk.array(grad_output, "grad_output", (4, 5), floating_only=True)
-    if g.dtype != dt:
-        raise TypeError(f"grad_output dtype {g.dtype} must match x dtype {dt}")
-    want = (N, O, OH, OW, E) if batched else (O, OH, OW, E)
-    if g.shape != want:
-        raise ValueError(f"grad_output must have shape {want} for this x and weight, got {g.shape}")
+    g = chk.grad_output_arg(grad_output, dt, (N, O, OH, OW, E) if batched else (O, OH, OW, E))
     nt = chk.num_threads_arg(num_threads)
     g5 = chk.contiguous(g if batched else g[None], dt)
     grad_bias = g5[..., 0].sum(axis=(0, 2, 3))

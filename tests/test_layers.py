@@ -34,7 +34,7 @@ def test_maxpool_layer_train_eval(rng):
 
 
 def test_batch_one_training_step_like_seed_000(rng):
-    # Seed 000's model: conv -> relu -> MaxPooling2D((2, 24, 24), 2) at batch size 1.
+    # An educational numpy CNN: conv -> relu -> MaxPooling2D((2, 24, 24), 2) at batch size 1.
     pool = cypool.MaxPool2d(2, stride=2)
     for _ in range(5):
         a = np.maximum(rng.standard_normal((1, 2, 24, 24)), 0)  # ReLU output: many tied zeros
@@ -43,7 +43,7 @@ def test_batch_one_training_step_like_seed_000(rng):
         g = rng.standard_normal(out.shape)
         gi = pool.backward(g)
         np.testing.assert_allclose(gi, ref.max_pool2d_backward(g, pool.indices, a.shape))
-        # unbatched input as the seed's (depth, H, W) layout
+        # unbatched input in that library's (depth, H, W) layout
         out3 = pool.forward(a[0])
         np.testing.assert_array_equal(out3, out[0])
         assert pool.backward(g[0]).shape == (2, 24, 24)

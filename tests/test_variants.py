@@ -86,14 +86,18 @@ def test_variant_convolution_matches_reference(rng, isa, monkeypatch):
                 np.testing.assert_allclose(a, b_, **tol)
 
 
-def test_forcing_a_level_the_cpu_lacks_is_refused():
-    # CYPOOL_ISA=avx512 on an AVX2-only CPU must not load code that would
-    # stop the process with SIGILL: _choose raises ImportError naming it.
-    avx2_only = {f: True for f in _backend.LEVELS[[n for n, _ in _backend.LEVELS].index("avx2")][1]}
-    assert _backend.missing_features("avx2", avx2_only) == []
-    assert _backend.missing_features("avx512", avx2_only) == [
-        "AVX512F", "AVX512CD", "AVX512VL", "AVX512BW", "AVX512DQ"]
-    assert _backend.missing_features("baseline", {}) == []
+def test_forcing_a_level_the_cpu_lacks_is_refused(monkeypatch):
+    # CYPOOL_ISA=avx2 on a CPU without AVX2 must not load code that would
+    # stop the process with SIGILL: _choose raises ImportError naming what
+    # the CPU lacks, and takes the level when the CPU has it.
+    if "avx2" not in _backend.AVAILABLE_ISAS:
+        pytest.skip("no AVX2 variant in this build")
+    monkeypatch.setenv(_backend.ISA_ENV, "avx2")
+    sse_only = {f: False for f in dict(_backend.LEVELS)["avx2"]}
+    with pytest.raises(ImportError, match="CYPOOL_ISA=.avx2., but this CPU lacks AVX, AVX2"):
+        _backend._choose(sse_only)
+    name, _, _, forced = _backend._choose(dict(sse_only, **{f: True for f in sse_only}))
+    assert (name, forced) == ("avx2", True)
 
 
 def test_forced_level_error_names_the_variable(monkeypatch):

@@ -1,5 +1,5 @@
 """vector_conv2d, vector_conv2d_backward and VectorConv2d against the loop
-reference in tests/reference.py, PyTorch (the seed's formulation) and finite
+reference in tests/reference.py, PyTorch (the permute-and-conv formulation) and finite
 differences."""
 import numpy as np
 import pytest
@@ -74,7 +74,8 @@ def test_e_equal_one_is_an_ordinary_convolution(rng):
 def test_non_contiguous_inputs(rng):
     base = rng.standard_normal((2, 6, 8, 8, 10)).astype(np.float32)
     x = base[:, ::2, :, :, ::2]
-    w = rng.standard_normal((3, 4, 3, 2)).astype(np.float32).transpose(0, 1, 2, 3)[:, :3]
+    w = rng.standard_normal((3, 4, 2, 3)).astype(np.float32).transpose(0, 1, 3, 2)[:, :3]
+    assert not w.flags.c_contiguous and not w.flags.f_contiguous
     np.testing.assert_array_equal(cypool.vector_conv2d(x, w, padding=1),
                                   cypool.vector_conv2d(np.ascontiguousarray(x), np.ascontiguousarray(w), padding=1))
 
