@@ -38,11 +38,6 @@
 #define CYPOOL_VC_EB_F64 (3 * CYPOOL_VC_VBYTES / 8)
 #define CYPOOL_VC_OB 4
 #define CYPOOL_VC_TB 2
-/* Taps per block of the E-block loop (see cypool_vc_eblock): KB packed
- * vectors of EB values fill at most half of a 48 KiB L1. */
-#ifndef CYPOOL_VC_KB
-#define CYPOOL_VC_KB 128
-#endif
 
 #if defined(__GNUC__)
 /* The register tiles, with GCC/clang vector types, all made by one macro:
@@ -61,20 +56,17 @@
 #define CYPOOL_VC_R4(C, M) C(M, 0) C(M, 1) C(M, 2) C(M, 3)
 #define CYPOOL_VC_R8(C, M) CYPOOL_VC_R4(C, M) C(M, 4) C(M, 5) C(M, 6) C(M, 7)
 #define CYPOOL_VC_ZERO(i, j) V a##i##j = {0};
-#define CYPOOL_VC_RELOAD(i, j) a##i##j = *(const V *)(outs[i] + e0 + j * L);
 #define CYPOOL_VC_LOAD(i, j) V x##j = *(const V *)(xp + j * L);
 #define CYPOOL_VC_FMA(i, j) a##i##j += wp[i] * x##j;
 #define CYPOOL_VC_BIAS(i, j) a##i##j[0] += bias[i];
 #define CYPOOL_VC_STORE(i, j) *(V *)(outs[i] + e0 + j * L) = a##i##j;
 #define CYPOOL_VC_TILE(NAME, T, VT, ROWS, COLS)                                      \
 static inline void NAME(ptrdiff_t ntaps, const T *const *xs, ptrdiff_t xoff,        \
-        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias,      \
-        int acc)                                                                     \
+        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias)      \
 {                                                                                    \
     typedef VT V;                                                                    \
     const int L = (int)(sizeof(V) / sizeof(T));                                      \
     ROWS(COLS, CYPOOL_VC_ZERO)                                                       \
-    if (acc) { ROWS(COLS, CYPOOL_VC_RELOAD) }                                        \
     for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
         const T *xp = xs[t] + xoff;                                                  \
         const T *wp = w + t * ldw;                                                   \
@@ -145,34 +137,34 @@ static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const 
 #define CYPOOL_VC_FULL(T, SUF, EB)                                                   \
 static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias, int acc)                                                      \
+        const T *bias)                                                               \
 {                                                                                    \
-    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB, CYPOOL_VC_OB, outs, bias, acc); \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
 static inline void cypool_vc_tile_full8_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias, int acc)                                                      \
+        const T *bias)                                                               \
 {                                                                                    \
-    cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w, ldw, e0, outs, bias, acc);         \
-    cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w + 4, ldw, e0, outs + 4, bias ? bias + 4 : NULL, acc); \
+    cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w, ldw, e0, outs, bias);              \
+    cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w + 4, ldw, e0, outs + 4, bias ? bias + 4 : NULL); \
 }                                                                                    \
 static inline void cypool_vc_tile_two_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias, int acc)                                                      \
+        const T *bias)                                                               \
 {                                                                                    \
-    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, 2 * EB / 3, CYPOOL_VC_OB, outs, bias, acc); \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, 2 * EB / 3, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
 static inline void cypool_vc_tile_one_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias, int acc)                                                      \
+        const T *bias)                                                               \
 {                                                                                    \
-    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 3, CYPOOL_VC_OB, outs, bias, acc); \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 3, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
 static inline void cypool_vc_tile_half_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
-        const T *bias, int acc)                                                      \
+        const T *bias)                                                               \
 {                                                                                    \
-    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 6, CYPOOL_VC_OB, outs, bias, acc); \
+    cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB / 6, CYPOOL_VC_OB, outs, bias); \
 }                                                                                    \
 static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const *xs, \
         const ptrdiff_t *tap, ptrdiff_t E, T *gw, ptrdiff_t ldgw)                    \
@@ -182,15 +174,15 @@ static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const 
 #endif
 
 #define CYPOOL_VC_DEFINE(T, SUF, EB)                                                  \
-/* Any block up to no x ne (edges of O and E); acc: add to the outputs. */      \
+/* Any block up to no x ne (edges of O and E). */                                    \
 static inline void cypool_vc_tile_edge_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne, int no, \
-        T *const *outs, const T *bias, int add)                                      \
+        T *const *outs, const T *bias)                                               \
 {                                                                                    \
     T acc[CYPOOL_VC_OB][EB];                                                         \
     for (int o = 0; o < no; o++)                                                     \
         for (ptrdiff_t e = 0; e < ne; e++)                                           \
-            acc[o][e] = add ? outs[o][e0 + e] : 0;                                   \
+            acc[o][e] = 0;                                                           \
     for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
         const T *xp = xs[t] + xoff;                                                  \
         const T *wp = w + t * ldw;                                                   \
@@ -225,47 +217,34 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
         const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne, ptrdiff_t O,          \
         T *const *outs, const T *bias, T *pack, const T *const *pp)                   \
 {                                                                                    \
-    /* Taps in blocks of KB, so that a block's packed vectors stay in L1 while  \
-     * every output channel's tile reads them; the tiles of the blocks after   \
-     * the first add to the outputs (O x EB values, in L1 too). */              \
-    for (ptrdiff_t t0 = 0; t0 < ntaps; t0 += CYPOOL_VC_KB) {                        \
-        ptrdiff_t nt = ntaps - t0 < CYPOOL_VC_KB ? ntaps - t0 : CYPOOL_VC_KB;        \
-        const T *const *xb = xs + t0;                                                \
-        const T *wb = w + t0 * ldw;                                                  \
-        int acc = t0 > 0;                                                            \
-        ptrdiff_t xoff = e0;                                                         \
-        if (pack && O > CYPOOL_VC_OB) {                                              \
-            /* Copy this block of every tap into contiguous rows: tap vectors E  \
-             * apart in memory alias in L1 when E is a power of two. */          \
-            if (ne == EB) /* a constant size: inlined as a few vector moves */      \
-                for (ptrdiff_t t = 0; t < nt; t++)                                   \
-                    memcpy(pack + t * EB, xb[t] + e0, EB * sizeof(T));               \
-            else                                                                     \
-                for (ptrdiff_t t = 0; t < nt; t++)                                   \
-                    memcpy(pack + t * EB, xb[t] + e0, ne * sizeof(T));               \
-            xb = pp;                                                                 \
-            xoff = 0;                                                                \
-        }                                                                            \
-        ptrdiff_t o0 = 0;                                                            \
-        if (CYPOOL_VC_HALF_TAIL && ne == EB)                                         \
-            for (; o0 + 2 * CYPOOL_VC_OB <= O; o0 += 2 * CYPOOL_VC_OB)               \
-                cypool_vc_tile_full8_##SUF(nt, xb, xoff, wb + o0, ldw, e0, outs + o0, \
-                                           (bias && e0 == 0 && !acc) ? bias + o0 : NULL, acc); \
-        for (; o0 < O; o0 += CYPOOL_VC_OB) {                                         \
-            int no = O - o0 < CYPOOL_VC_OB ? (int)(O - o0) : CYPOOL_VC_OB;           \
-            const T *b = (bias && e0 == 0 && !acc) ? bias + o0 : NULL;               \
-            if (no == CYPOOL_VC_OB && ne == EB)                                      \
-                cypool_vc_tile_full_##SUF(nt, xb, xoff, wb + o0, ldw, e0, outs + o0, b, acc); \
-            else if (no == CYPOOL_VC_OB && ne == 2 * EB / 3)                         \
-                cypool_vc_tile_two_##SUF(nt, xb, xoff, wb + o0, ldw, e0, outs + o0, b, acc); \
-            else if (no == CYPOOL_VC_OB && ne == EB / 3)                             \
-                cypool_vc_tile_one_##SUF(nt, xb, xoff, wb + o0, ldw, e0, outs + o0, b, acc); \
-            else if (CYPOOL_VC_HALF_TAIL && no == CYPOOL_VC_OB && ne == EB / 6)      \
-                cypool_vc_tile_half_##SUF(nt, xb, xoff, wb + o0, ldw, e0, outs + o0, b, acc); \
-            else                                                                     \
-                cypool_vc_tile_edge_##SUF(nt, xb, xoff, wb + o0, ldw, e0, ne, no,    \
-                                          outs + o0, b, acc);                        \
-        }                                                                            \
+    ptrdiff_t xoff = e0;                                                             \
+    if (pack && O > CYPOOL_VC_OB) {                                                  \
+        /* Copy this block of every tap into contiguous rows: tap vectors E      \
+         * apart in memory alias in L1 when E is a power of two. */              \
+        for (ptrdiff_t t = 0; t < ntaps; t++)                                        \
+            memcpy(pack + t * EB, xs[t] + e0, ne * sizeof(T));                       \
+        xs = pp;                                                                     \
+        xoff = 0;                                                                    \
+    }                                                                                \
+    ptrdiff_t o0 = 0;                                                                \
+    if (CYPOOL_VC_HALF_TAIL && ne == EB)                                             \
+        for (; o0 + 2 * CYPOOL_VC_OB <= O; o0 += 2 * CYPOOL_VC_OB)                   \
+            cypool_vc_tile_full8_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0,  \
+                                       (bias && e0 == 0) ? bias + o0 : NULL);        \
+    for (; o0 < O; o0 += CYPOOL_VC_OB) {                                             \
+        int no = O - o0 < CYPOOL_VC_OB ? (int)(O - o0) : CYPOOL_VC_OB;               \
+        const T *b = (bias && e0 == 0) ? bias + o0 : NULL;                           \
+        if (no == CYPOOL_VC_OB && ne == EB)                                          \
+            cypool_vc_tile_full_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
+        else if (no == CYPOOL_VC_OB && ne == 2 * EB / 3)                             \
+            cypool_vc_tile_two_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
+        else if (no == CYPOOL_VC_OB && ne == EB / 3)                                 \
+            cypool_vc_tile_one_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
+        else if (CYPOOL_VC_HALF_TAIL && no == CYPOOL_VC_OB && ne == EB / 6)          \
+            cypool_vc_tile_half_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
+        else                                                                         \
+            cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, no,      \
+                                      outs + o0, b);                                 \
     }                                                                                \
 }                                                                                    \
                                                                                      \
