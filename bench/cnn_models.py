@@ -58,12 +58,49 @@ def _softmax_xent(z, y):
     return float(loss), p
 
 
-class CypoolNet:
-    """The numpy network with cypool's Conv2d and MaxPool2d swapped in.
+class _Net:
+    """The numpy part of the network, shared by the numpy and the cypool
+    versions: ReLU, the dense layer, softmax cross-entropy and SGD.
+    Subclasses give conv1, conv2 and pool (forward and backward) and
+    _conv_backward, which also takes the SGD step of a convolution.
 
     ``step(x, y, lr)`` trains on one sample ``x`` (1, 28, 28) or a batch
     (N, 1, 28, 28) and returns the loss; ``predict(x)`` returns classes.
     """
+
+    def logits(self, x):
+        a1 = self.conv1.forward(x)
+        r1 = np.maximum(a1, 0)
+        p1 = self.pool.forward(r1)
+        a2 = self.conv2.forward(p1)
+        r2 = np.maximum(a2, 0)
+        f = r2.reshape(r2.shape[0], -1) if x.ndim == 4 else r2.reshape(-1)
+        return a1, a2, f, f @ self.W.T + self.b
+
+    def step(self, x, y, lr):
+        a1, a2, f, z = self.logits(x)
+        loss, dz = _softmax_xent(z, y)
+        df = dz @ self.W
+        if x.ndim == 4:
+            dW, db = dz.T @ f, dz.sum(axis=0)
+        else:
+            dW, db = np.outer(dz, f), dz
+        self.W -= lr * dW
+        self.b -= lr * db
+        dr2 = df.reshape(a2.shape)
+        dr2 *= a2 > 0
+        dp1 = self._conv_backward(self.conv2, dr2, lr, True)
+        dr1 = self.pool.backward(dp1)
+        dr1 *= a1 > 0
+        self._conv_backward(self.conv1, dr1, lr, False)
+        return loss
+
+    def predict(self, x):
+        return self.logits(x)[3].argmax(axis=-1)
+
+
+class CypoolNet(_Net):
+    """The numpy network with cypool's Conv2d and MaxPool2d swapped in."""
 
     def __init__(self, weights: dict, num_threads=None):
         dt = weights["conv1.weight"].dtype
@@ -77,43 +114,22 @@ class CypoolNet:
         self.W = weights["dense.weight"].copy()
         self.b = weights["dense.bias"].copy()
 
-    def logits(self, x):
-        a1 = self.conv1(x)
-        r1 = np.maximum(a1, 0)
-        p1 = self.pool(r1)
-        a2 = self.conv2(p1)
-        r2 = np.maximum(a2, 0)
-        f = r2.reshape(r2.shape[0], -1) if x.ndim == 4 else r2.reshape(-1)
-        return a1, a2, f, f @ self.W.T + self.b
-
-    def step(self, x, y, lr):
-        a1, a2, f, z = self.logits(x)
-        loss, dz = _softmax_xent(z, y)
-        df = dz @ self.W
-        if x.ndim == 4:
-            dW, db = dz.T @ f, dz.sum(axis=0)
-        else:
-            dW, db = np.outer(dz, f), dz
-        dr2 = df.reshape(a2.shape)
-        dr2 *= a2 > 0
-        dp1 = self.conv2.backward(dr2)
-        dr1 = self.pool.backward(dp1)
-        dr1 *= a1 > 0
-        self.conv1.backward(dr1, needs_input_grad=False)
-        self.W -= lr * dW
-        self.b -= lr * db
-        for layer in (self.conv1, self.conv2):
-            layer.weight -= lr * layer.grad_weight
-            layer.bias -= lr * layer.grad_bias
-        return loss
+    @staticmethod
+    def _conv_backward(layer, g, lr, input_grad):
+        gx = layer.backward(g, needs_input_grad=input_grad)
+        layer.weight -= lr * layer.grad_weight
+        layer.bias -= lr * layer.grad_bias
+        return gx
 
     def predict(self, x):
-        for layer in (self.conv1, self.conv2, self.pool):
+        layers = (self.conv1, self.conv2, self.pool)
+        for layer in layers:  # nothing kept for a backward
             layer.eval()
-        z = self.logits(x)[3]
-        for layer in (self.conv1, self.conv2, self.pool):
-            layer.train()
-        return z.argmax(axis=-1)
+        try:
+            return super().predict(x)
+        finally:
+            for layer in layers:
+                layer.train()
 
 
 # --- numpy as the educational library's author wrote it --------------------
@@ -207,7 +223,7 @@ class _StridedMaxPool:
         return gx if batched else gx[0]
 
 
-class NumpyNet:
+class NumpyNet(_Net):
     """The network in numpy as the educational library's author wrote it."""
 
     def __init__(self, weights: dict):
@@ -217,33 +233,9 @@ class NumpyNet:
         self.W = weights["dense.weight"].copy()
         self.b = weights["dense.bias"].copy()
 
-    def logits(self, x):
-        a1 = self.conv1.forward(x)
-        r1 = np.maximum(a1, 0)
-        p1 = self.pool.forward(r1)
-        a2 = self.conv2.forward(p1)
-        r2 = np.maximum(a2, 0)
-        f = r2.reshape(r2.shape[0], -1) if x.ndim == 4 else r2.reshape(-1)
-        return a1, a2, f, f @ self.W.T + self.b
-
-    def step(self, x, y, lr):
-        a1, a2, f, z = self.logits(x)
-        loss, dz = _softmax_xent(z, y)
-        df = dz @ self.W
-        if x.ndim == 4:
-            dW, db = dz.T @ f, dz.sum(axis=0)
-        else:
-            dW, db = np.outer(dz, f), dz
-        self.W -= lr * dW
-        self.b -= lr * db
-        dr2 = df.reshape(a2.shape) * (a2 > 0)
-        dp1 = self.conv2.backward(dr2, lr)
-        dr1 = self.pool.backward(dp1) * (a1 > 0)
-        self.conv1.backward(dr1, lr, input_grad=False)
-        return loss
-
-    def predict(self, x):
-        return self.logits(x)[3].argmax(axis=-1)
+    @staticmethod
+    def _conv_backward(layer, g, lr, input_grad):
+        return layer.backward(g, lr, input_grad)  # the library's layers step themselves
 
 
 # --- PyTorch ---------------------------------------------------------------

@@ -135,18 +135,30 @@ def _bounded(values, name: str):
     return values
 
 
-def step_params(stride, padding, dilation):
-    """Checked (sh, sw, ph, pw, dh, dw): positive strides and dilations,
-    non-negative padding."""
+def _stride_dilation(stride, dilation):
+    """Checked (sh, sw, dh, dw): positive and at most PARAM_LIMIT."""
     sh, sw = _bounded(pair(stride, "stride"), "stride")
-    ph, pw = _bounded(pair(padding, "padding"), "padding")
     dh, dw = _bounded(pair(dilation, "dilation"), "dilation")
     if sh < 1 or sw < 1:
         raise ValueError(f"stride must be positive, got {(sh, sw)}")
     if dh < 1 or dw < 1:
         raise ValueError(f"dilation must be positive, got {(dh, dw)}")
+    return sh, sw, dh, dw
+
+
+def _padding_pair(padding):
+    """Checked (ph, pw): non-negative and at most PARAM_LIMIT."""
+    ph, pw = _bounded(pair(padding, "padding"), "padding")
     if ph < 0 or pw < 0:
         raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    return ph, pw
+
+
+def step_params(stride, padding, dilation):
+    """Checked (sh, sw, ph, pw, dh, dw): positive strides and dilations,
+    non-negative padding."""
+    sh, sw, dh, dw = _stride_dilation(stride, dilation)
+    ph, pw = _padding_pair(padding)
     return sh, sw, ph, pw, dh, dw
 
 
@@ -178,11 +190,19 @@ def _has_window_in_padding(n: int, out: int, k: int, s: int, p: int, d: int) -> 
     return False
 
 
-@lru_cache(maxsize=512)
 def pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
-    """Checked (kh, kw, sh, sw, ph, pw, dh, dw, OH, OW) of a max pooling."""
+    """Checked (kh, kw, sh, sw, ph, pw, dh, dw, OH, OW) of a max pooling
+    (cached per shape and parameters, keyed with their types, so that a
+    float or a list is checked as it is)."""
+    return _pool_geometry(H, W, hashable(kernel_size), hashable(stride), hashable(padding),
+                          hashable(dilation), bool(ceil_mode))
+
+
+@lru_cache(maxsize=512)
+def _pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
+    kernel_size, stride, padding, dilation = (unhashable(k) for k in (kernel_size, stride, padding, dilation))
     kh, kw, sh, sw, ph, pw = window_params(kernel_size, stride, padding)
-    dh, dw = pair(dilation, "dilation")
+    dh, dw = _bounded(pair(dilation, "dilation"), "dilation")
     if dh < 1 or dw < 1:
         raise ValueError(f"dilation must be positive, got {(dh, dw)}")
     if ph > kh // 2 or pw > kw // 2:
@@ -218,9 +238,17 @@ def shape_arg(shape, name: str, ndim: int) -> tuple[int, ...]:
     return shape
 
 
-@lru_cache(maxsize=512)
 def unpool_geometry(H: int, W: int, kernel_size, stride, padding, output_size):
-    """Checked (OH, OW) of a max unpooling, as torch.nn.MaxUnpool2d sizes it."""
+    """Checked (OH, OW) of a max unpooling, as torch.nn.MaxUnpool2d sizes it
+    (cached as pool_geometry is)."""
+    return _unpool_geometry(H, W, hashable(kernel_size), hashable(stride), hashable(padding),
+                            hashable(output_size))
+
+
+@lru_cache(maxsize=512)
+def _unpool_geometry(H: int, W: int, kernel_size, stride, padding, output_size):
+    kernel_size, stride, padding, output_size = (unhashable(k) for k in (kernel_size, stride, padding,
+                                                                            output_size))
     kh, kw, sh, sw, ph, pw = window_params(kernel_size, stride, padding)
     dflt = ((H - 1) * sh - 2 * ph + kh, (W - 1) * sw - 2 * pw + kw)
     if output_size is None:
@@ -229,11 +257,14 @@ def unpool_geometry(H: int, W: int, kernel_size, stride, padding, output_size):
         if not isinstance(output_size, (tuple, list)) or len(output_size) < 2:
             raise TypeError(f"output_size must be a tuple (..., H, W), got {output_size!r}")
         size = (as_int(output_size[-2], "output_size"), as_int(output_size[-1], "output_size"))
-        for got, lo, s in zip(size, dflt, (sh, sw)):
-            if not lo <= got <= lo + s - 1:
+        # torch's range: strictly between default - stride and default + stride,
+        # so that a ceil_mode pooling of an odd size unpools back to that size.
+        for axis, got, d, s in zip(("height", "width"), size, dflt, (sh, sw)):
+            if not d - s < got < d + s:
                 raise ValueError(
-                    f"output_size {size} must lie between {dflt} and "
-                    f"{(dflt[0] + sh - 1, dflt[1] + sw - 1)} for this kernel, stride and padding"
+                    f"output_size {size}: the {axis} must be between {d - s + 1} and {d + s - 1} "
+                    f"(the default {d}, give or take stride - 1 = {s - 1}) for this kernel, "
+                    f"stride and padding"
                 )
     if size[0] < 1 or size[1] < 1:
         raise ValueError(f"padding {(ph, pw)} leaves an empty unpooled output {size}")
@@ -253,21 +284,14 @@ def conv_padding(padding, kh: int, kw: int, dh: int, dw: int, sh: int, sw: int):
             th, tw = dh * (kh - 1), dw * (kw - 1)
             return th // 2, th - th // 2, tw // 2, tw - tw // 2
         raise ValueError(f"padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
-    ph, pw = _bounded(pair(padding, "padding"), "padding")
-    if ph < 0 or pw < 0:
-        raise ValueError(f"padding must be non-negative, got {(ph, pw)}")
+    ph, pw = _padding_pair(padding)
     return ph, ph, pw, pw
 
 
 def conv_params(kh: int, kw: int, stride, padding, dilation):
     """Checked (sh, sw, dh, dw, ph_lo, ph_hi, pw_lo, pw_hi) of a convolution
     with a (kh, kw) kernel: what can be checked without the input."""
-    sh, sw = _bounded(pair(stride, "stride"), "stride")
-    dh, dw = _bounded(pair(dilation, "dilation"), "dilation")
-    if sh < 1 or sw < 1:
-        raise ValueError(f"stride must be positive, got {(sh, sw)}")
-    if dh < 1 or dw < 1:
-        raise ValueError(f"dilation must be positive, got {(dh, dw)}")
+    sh, sw, dh, dw = _stride_dilation(stride, dilation)
     return (sh, sw, dh, dw) + conv_padding(padding, kh, kw, dh, dw, sh, sw)
 
 
@@ -297,7 +321,7 @@ def hashable(v):
         v = tuple(v.tolist())
     if isinstance(v, (list, tuple)):
         return tuple((type(e), e) for e in v)
-    return type(v), v
+    return type(v), v  # None too: (NoneType, None)
 
 
 def unhashable(key):
@@ -307,11 +331,6 @@ def unhashable(key):
     if not key or isinstance(key[0], tuple):
         return tuple(e for _, e in key)
     return key[1]
-
-
-def same_dtype(name: str, a: np.ndarray, ref_name: str, ref: np.ndarray) -> None:
-    if a.dtype != ref.dtype:
-        raise TypeError(f"{name} dtype {a.dtype} must match {ref_name} dtype {ref.dtype}")
 
 
 def out_arg(out, shape: tuple, dtype: np.dtype) -> np.ndarray:

@@ -75,6 +75,8 @@ def test_backward_rejects(args, exc, name):
     (dict(stride=0), ValueError, "stride"),
     (dict(padding=-1), ValueError, "padding"),
     (dict(output_size=(9, 9)), ValueError, "output_size"),
+    (dict(output_size=(4, 6)), ValueError, "output_size"),
+    (dict(output_size=(6, 2**63)), ValueError, "output_size"),
     (dict(output_size=5), TypeError, "output_size"),
     (dict(kernel_size=1, padding=3), ValueError, "padding"),
 ])
@@ -181,3 +183,16 @@ def test_conv2d_layer_backward_before_forward():
 
 def test_conv2d_huge_thread_count_is_a_correct_result():
     np.testing.assert_array_equal(cypool.conv2d(CX, CW, num_threads=2**64), cypool.conv2d(CX, CW))
+
+
+@pytest.mark.parametrize("args, exc, name", [
+    ((np.ones((1, 2, 6, 6), np.float32), I, (1, 2, 3)), ValueError, "x_shape"),
+    ((np.ones((1, 2, 6, 6), np.float32), I, (1, 2, 4, 4)), ValueError, "indices"),
+    ((np.ones((1, 3, 6, 6), np.float32), I, (1, 2, 3, 3)), ValueError, "grad_output"),
+    ((np.ones((1, 2, 6, 6), np.float32), I + 36, (1, 2, 3, 3)), ValueError, "indices"),
+    ((np.ones((1, 2, 6, 6), np.float32), I - 1, (1, 2, 3, 3)), ValueError, "indices"),
+    ((np.ones((1, 2, 6, 6), np.float32), I.astype(np.float32), (1, 2, 3, 3)), TypeError, "indices"),
+])
+def test_unpool_backward_rejects(args, exc, name):
+    with pytest.raises(exc, match=name):
+        cypool.max_unpool2d_backward(*args)

@@ -389,6 +389,24 @@ def test_unpool_matches_reference(rng, trial):
     assert_same(got, ref.max_unpool2d(x, idx, (OH, OW)))
 
 
+def test_unpool_back_to_an_odd_size_after_ceil_mode(rng):
+    # [1, 1, 5, 5] pooled 2x2/s2 with ceil_mode is 3x3; unpooling it with the
+    # default size gives 6x6, and torch accepts 5x5 (default - stride < 5).
+    x = ref.random_values(rng, (1, 2, 5, 5), np.float64)
+    out, idx = cypool.max_pool2d(x, 2, ceil_mode=True, return_indices=True)
+    u = cypool.max_unpool2d(out, idx, 2, output_size=x.shape)
+    assert u.shape == x.shape
+    np.testing.assert_array_equal(u, ref.max_unpool2d(out, idx, (5, 5)))
+    layer = cypool.MaxUnpool2d(2)
+    np.testing.assert_array_equal(layer(out, idx, output_size=(5, 5)), u)
+    np.testing.assert_array_equal(layer.backward(u), cypool.max_unpool2d_backward(u, idx, out.shape))
+    # The range is stated per dimension: (default - stride, default + stride).
+    with pytest.raises(ValueError, match=r"height must be between 5 and 7"):
+        cypool.max_unpool2d(out, idx, 2, output_size=(4, 5))
+    with pytest.raises(ValueError, match=r"width must be between 5 and 7"):
+        cypool.max_unpool2d(out, idx, 2, output_size=(6, 8))
+
+
 def test_unpool_repeated_index_last_wins_and_output_size():
     x = np.array([[[[1.0, 2.0], [3.0, 4.0]]]])
     idx = np.array([[[[5, 5], [0, 5]]]])
@@ -433,7 +451,7 @@ def test_matches_torch(rng, trial):
     tout.backward(torch.from_numpy(g))
     np.testing.assert_allclose(cypool.max_pool2d_backward(g, idx, x.shape), tx.grad.numpy(), rtol=1e-6)
     k, s, p = cfg["kernel_size"], cfg["stride"], cfg["padding"]
-    if cfg["dilation"] == (1, 1) and not cfg["ceil_mode"]:
+    if cfg["dilation"] == (1, 1):  # ceil_mode too: torch's output_size range
         u = cypool.max_unpool2d(out, idx, k, s, p, output_size=x.shape)
         tu = F.max_unpool2d(torch.from_numpy(out), tidx, k, s, p, output_size=x.shape[-2:])
         np.testing.assert_array_equal(u, tu.numpy())
