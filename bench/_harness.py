@@ -213,3 +213,14 @@ def peak_rss_extra(setup: str, call: str):
     if res.returncode:
         return None
     return max(0, int(res.stdout.split()[-1]))
+
+
+def memory_row(case: str, setup: str, cy_call: str, np_call: str, out_bytes: int,
+               limit: float) -> str:
+    """A markdown row: output MiB, the extra peak RSS of cypool's and
+    numpy's first call (peak_rss_extra), and whether cypool's is within
+    limit bytes."""
+    cy, npm = peak_rss_extra(setup, cy_call), peak_rss_extra(setup, np_call)
+    fmt = (lambda v: "n/a" if v is None else f"{v / 2**20:.2f}")
+    ok = "n/a" if cy is None else ("yes" if cy <= limit else "NO")
+    return f"| {case} | {out_bytes / 2**20:.1f} | {fmt(cy)} | {fmt(npm)} | {ok} |"

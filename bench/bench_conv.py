@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 
 import cnn_models
 import cypool
-from _harness import compare, optional, peak_rss_extra, start, table, torch
+from _harness import compare, memory_row, optional, start, table, torch
 
 SEED_CONVS = [  # name, input (C, H, W), weight, needs input grad
     ("conv 1", (1, 28, 28), (2, 1, 5, 5), False),
@@ -128,12 +128,9 @@ def main(argv=None):
                  f"x = rng.standard_normal({xs}, dtype=np.float32)\n"
                  f"w = rng.standard_normal({ws}).astype(np.float32)\n"
                  f"b = rng.standard_normal({ws[0]}).astype(np.float32)")
-        cy_mem = peak_rss_extra(setup, f"cypool.conv2d(x, w, b, {s}, {p}, num_threads={n})")
-        np_mem = peak_rss_extra(setup, f"bench_conv.numpy_im2col(x, w, b, {s}, {p})")
-        limit = max(0.25 * out.nbytes, 8 * 2**20)
-        fmt = (lambda v: "n/a" if v is None else f"{v / 2**20:.1f}")
-        mem_lines.append(f"| {case} | {out.nbytes / 2**20:.1f} | {fmt(cy_mem)} | {fmt(np_mem)} | "
-                         f"{'n/a' if cy_mem is None else ('yes' if cy_mem <= limit else 'NO')} |")
+        mem_lines.append(memory_row(case, setup, f"cypool.conv2d(x, w, b, {s}, {p}, num_threads={n})",
+                                    f"bench_conv.numpy_im2col(x, w, b, {s}, {p})", out.nbytes,
+                                    max(0.25 * out.nbytes, 8 * 2**20)))
     print()
     print(table("conv2d forward, float32", fwd_rows))
     print()

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import cypool
-from _harness import compare, peak_rss_extra, start, table, torch
+from _harness import compare, memory_row, start, table, torch
 
 SHAPES = [  # name, (C, H, W, E), O, k, s, p
     ("MNIST ConvSmall 1", (1, 28, 28, 785), 16, 4, 2, 0),
@@ -54,7 +54,7 @@ def numpy_im2col(x, w, b, s, p):
     return out
 
 
-def torch_seed_answer(tx, tw, tb, s, p):
+def torch_permute_conv(tx, tw, tb, s, p):
     """The accepted PyTorch answer to the vector-pixel question, with the
     result made contiguous."""
     import torch.nn.functional as F
@@ -62,6 +62,20 @@ def torch_seed_answer(tx, tw, tb, s, p):
     out = F.conv2d(tx.permute(3, 0, 1, 2), tw, None, s, p)
     out[0] += tb.view(-1, 1, 1)
     return out.permute(1, 2, 3, 0).contiguous()
+
+
+def peers(x, w, b, g, s, p, n):
+    """(forward, backward) peer dicts for compare(): cypool, numpy im2col
+    (forward) and, when installed, torch's permute-and-conv with autograd."""
+    fwd = {"cypool": lambda: cypool.vector_conv2d(x, w, b, s, p, num_threads=n),
+           "numpy im2col": lambda: numpy_im2col(x, w, b, s, p)}
+    bwd = {"cypool": lambda: cypool.vector_conv2d_backward(g, x, w, s, p, num_threads=n)}
+    if torch is not None:
+        tx, tw, tb, tg = (torch.from_numpy(a) for a in (x, w, b, g))
+        fwd["torch (permute + conv)"] = lambda: torch_permute_conv(tx, tw, tb, s, p)
+        txg, twg = tx.clone().requires_grad_(True), tw.clone().requires_grad_(True)
+        bwd["torch autograd"] = lambda: torch.autograd.grad(torch_permute_conv(txg, twg, tb, s, p), (txg, twg), tg)
+    return fwd, bwd
 
 
 def sweep(n, reps, quick):
@@ -75,15 +89,7 @@ def sweep(n, reps, quick):
             b = rng.standard_normal(O).astype(np.float32)
             out = cypool.vector_conv2d(x, w, b, s, p, num_threads=n)
             g = rng.standard_normal(out.shape, dtype=np.float32)
-            fwd = {"cypool": lambda: cypool.vector_conv2d(x, w, b, s, p, num_threads=n),
-                   "numpy im2col": lambda: numpy_im2col(x, w, b, s, p)}
-            bwd = {"cypool": lambda: cypool.vector_conv2d_backward(g, x, w, s, p, num_threads=n)}
-            if torch is not None:
-                tx, tw, tb, tg = (torch.from_numpy(a) for a in (x, w, b, g))
-                fwd["torch (permute + conv)"] = lambda: torch_seed_answer(tx, tw, tb, s, p)
-                txg, twg = tx.clone().requires_grad_(True), tw.clone().requires_grad_(True)
-                bwd["torch autograd"] = lambda: torch.autograd.grad(
-                    torch_seed_answer(txg, twg, tb, s, p), (txg, twg), tg)
+            fwd, bwd = peers(x, w, b, g, s, p, n)
             case = f"{name} O={O} k{k} s{s} p{p}, E = {E}"
             # numpy's matrix product leaves OpenBLAS threads spinning for ~0.1 s.
             fwd_rows.append((case, compare(fwd, reps, pause=0.15)))
@@ -103,19 +109,7 @@ def main(argv=None):
         g = rng.standard_normal(out.shape, dtype=np.float32)
         ref = numpy_im2col(x, w, b, s, p)
         assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), "cypool and numpy disagree"
-        fwd = {"cypool": lambda: cypool.vector_conv2d(x, w, b, s, p, num_threads=n),
-               "numpy im2col": lambda: numpy_im2col(x, w, b, s, p)}
-        bwd = {"cypool": lambda: cypool.vector_conv2d_backward(g, x, w, s, p, num_threads=n)}
-        if torch is not None:
-            tx, tw, tb, tg = (torch.from_numpy(a) for a in (x, w, b, g))
-            fwd["torch (permute + conv)"] = lambda: torch_seed_answer(tx, tw, tb, s, p)
-            txg, twg = tx.clone().requires_grad_(True), tw.clone().requires_grad_(True)
-
-            def torch_backward():
-                o = torch_seed_answer(txg, twg, tb, s, p)
-                return torch.autograd.grad(o, (txg, twg), tg)
-
-            bwd["torch autograd"] = torch_backward
+        fwd, bwd = peers(x, w, b, g, s, p, n)
         case = f"{name} {(C, H, W, E)} O={O} k{k} s{s} p{p}"
         # numpy's matrix product leaves OpenBLAS threads spinning for ~0.1 s.
         fwd_rows.append((case, compare(fwd, reps, pause=0.15)))
@@ -124,12 +118,10 @@ def main(argv=None):
                  f"x = rng.standard_normal({(C, H, W, E)}, dtype=np.float32)\n"
                  f"w = rng.standard_normal({(O, C, k, k)}).astype(np.float32)\n"
                  f"b = rng.standard_normal({O}).astype(np.float32)")
-        cy_mem = peak_rss_extra(setup, f"cypool.vector_conv2d(x, w, b, {s}, {p}, num_threads={n})")
-        np_mem = peak_rss_extra(setup, f"bench_vector_conv.numpy_im2col(x, w, b, {s}, {p})")
-        limit = max(0.1 * out.nbytes, 4 * 2**20)
-        fmt = (lambda v: "n/a" if v is None else f"{v / 2**20:.2f}")
-        mem_lines.append(f"| {case} | {out.nbytes / 2**20:.1f} | {fmt(cy_mem)} | {fmt(np_mem)} | "
-                         f"{'n/a' if cy_mem is None else ('yes' if cy_mem <= limit else 'NO')} |")
+        mem_lines.append(memory_row(case, setup,
+                                    f"cypool.vector_conv2d(x, w, b, {s}, {p}, num_threads={n})",
+                                    f"bench_vector_conv.numpy_im2col(x, w, b, {s}, {p})", out.nbytes,
+                                    max(0.1 * out.nbytes, 4 * 2**20)))
     print()
     print(table("vector_conv2d forward, float32", fwd_rows))
     print()
