@@ -193,7 +193,10 @@ def _has_window_in_padding(n: int, out: int, k: int, s: int, p: int, d: int) -> 
 def pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
     """Checked (kh, kw, sh, sw, ph, pw, dh, dw, OH, OW) of a max pooling
     (cached per shape and parameters, keyed with their types, so that a
-    float or a list is checked as it is)."""
+    float or a list is checked as it is; plain ints are their own keys)."""
+    if (type(kernel_size) is int and (stride is None or type(stride) is int) and type(padding) is int
+            and type(dilation) is int):
+        return _pool_geometry(H, W, kernel_size, stride, padding, dilation, bool(ceil_mode))
     return _pool_geometry(H, W, hashable(kernel_size), hashable(stride), hashable(padding),
                           hashable(dilation), bool(ceil_mode))
 
@@ -325,8 +328,9 @@ def hashable(v):
 
 
 def unhashable(key):
-    """The parameter that hashable() made key of (a plain int is its own key)."""
-    if type(key) is int:
+    """The parameter that hashable() made key of (a plain int, or None, is
+    its own key)."""
+    if key is None or type(key) is int:
         return key
     if not key or isinstance(key[0], tuple):
         return tuple(e for _, e in key)
@@ -383,6 +387,8 @@ def bias_arg(bias, O: int, dtype: np.dtype) -> np.ndarray:
 
 def grad_output_arg(grad_output, dtype: np.dtype, want: tuple) -> np.ndarray:
     """grad_output of a convolution: of x's dtype and the output's shape."""
+    if type(grad_output) is np.ndarray and grad_output.dtype == dtype and grad_output.shape == want:
+        return grad_output
     g, _ = array(grad_output, "grad_output", (len(want),), floating_only=True)
     if g.dtype != dtype:
         raise TypeError(f"grad_output dtype {g.dtype} must match x dtype {dtype}")

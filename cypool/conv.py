@@ -79,6 +79,28 @@ def _plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str) -
     return _Plan((N, O, OH, OW), forward, input_grad, weight_grad, col2im)
 
 
+# Shapes, dtypes and plain-int parameters that passed the checks, and their
+# plan: a call that repeats them (a training loop) skips the checks.
+_checked: dict = {}
+
+
+def _checked_plan(x, weight, stride, padding, dilation):
+    """(x as 4-D, weight, batched?, plan), checked, or from _checked."""
+    key = None
+    if (type(x) is np.ndarray and type(weight) is np.ndarray and type(stride) is int
+            and type(padding) is int and type(dilation) is int):
+        key = (x.shape, x.dtype, weight.shape, weight.dtype, stride, padding, dilation)
+        hit = _checked.get(key)
+        if hit is not None:
+            plan, batched = hit
+            return (x if batched else x[None]), weight, batched, plan
+    x4, weight, batched = _arrays(x, weight)
+    plan = _plan(x4.shape, weight.shape, _key(stride), _key(padding), _key(dilation), "x")
+    if key is not None and len(_checked) < 256:
+        _checked[key] = (plan, batched)
+    return x4, weight, batched, plan
+
+
 def _arrays(x, weight, xname="x"):
     """x as 4-D and weight, checked; and whether x was batched."""
     x, weight = chk.conv_arrays(x, weight, (3, 4), xname)
@@ -199,8 +221,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, n
         a kernel larger than the padded input, or bad parameters, naming
         the parameter, before any kernel runs.
     """
-    x4, weight, batched = _arrays(x, weight)
-    plan = _plan(x4.shape, weight.shape, _key(stride), _key(padding), _key(dilation), "x")
+    x4, weight, batched, plan = _checked_plan(x, weight, stride, padding, dilation)
     dt = x4.dtype
     nt = chk.num_threads_arg(num_threads)
     b = chk.bias_arg(bias, weight.shape[0], dt)
@@ -239,8 +260,7 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     grad_bias : ndarray, shape (O,)
         The sum of grad_output over the batch and positions.
     """
-    x4, weight, batched = _arrays(x, weight)
-    plan = _plan(x4.shape, weight.shape, _key(stride), _key(padding), _key(dilation), "x")
+    x4, weight, batched, plan = _checked_plan(x, weight, stride, padding, dilation)
     dt = x4.dtype
     g = chk.grad_output_arg(grad_output, dt, plan.out_shape if batched else plan.out_shape[1:])
     nt = chk.num_threads_arg(num_threads)

@@ -31,8 +31,30 @@ def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
     return E if ec >= E else ec
 
 
-def _conv_args(x, weight, stride, padding, dilation, xname="x"):
-    """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW))."""
+# Shapes, dtypes and plain-int parameters that passed the checks, and what
+# the checks gave: a call that repeats them skips the checks.
+_checked: dict = {}
+
+
+def _conv_args(x, weight, stride, padding, dilation):
+    """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW)), or
+    from _checked."""
+    if not (type(x) is np.ndarray and type(weight) is np.ndarray and type(stride) is int
+            and type(padding) is int and type(dilation) is int):
+        return _check_conv_args(x, weight, stride, padding, dilation)
+    key = (x.shape, x.dtype, weight.shape, weight.dtype, stride, padding, dilation)
+    hit = _checked.get(key)
+    if hit is None:
+        x5, batched, weight, geom, out_hw = _check_conv_args(x, weight, stride, padding, dilation)
+        if len(_checked) < 256:
+            _checked[key] = (batched, geom, out_hw)
+        return x5, batched, weight, geom, out_hw
+    batched, geom, out_hw = hit
+    return (x if batched else x[None]), batched, weight, geom, out_hw
+
+
+def _check_conv_args(x, weight, stride, padding, dilation, xname="x"):
+    """The checks of _conv_args."""
     x, weight = chk.conv_arrays(x, weight, (4, 5), xname)
     batched = x.ndim == 5
     x5 = x if batched else x[None]
