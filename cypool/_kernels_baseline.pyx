@@ -2,8 +2,4 @@
 # this is the "baseline" variant (see setup.py, variants()). Every variant compiles
 # the same sources; cypool/_backend.py imports the best one the CPU runs.
 # Directives are set once, in setup.py.
-include "_common.pxi"
-include "_maxpool.pxi"
-include "_argmax.pxi"
-include "_vconv.pxi"
-include "_conv.pxi"
+include "_kernels.pxi"

@@ -2,8 +2,4 @@
 # variant a CYPOOL_NATIVE=1 source build makes (-march=native; see setup.py).
 # Every variant compiles the same sources; cypool/_backend.py loads this one
 # whenever it is there. Directives are set once, in setup.py.
-include "_common.pxi"
-include "_maxpool.pxi"
-include "_argmax.pxi"
-include "_vconv.pxi"
-include "_conv.pxi"
+include "_kernels.pxi"

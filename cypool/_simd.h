@@ -352,7 +352,7 @@ static inline void cypool_pending_finish(cypool_pending *p)
 
 /* The two passes of the flat 3x3 max pool for float32 planes without NaN
  * and int32 indices (_flat3_h_fast and _flat3_v_fast in
- * cypool/_maxpool.pxi, same results). Each streams a line of the pending
+ * cypool/_maxpool_flat3.pxi, same results). Each streams a line of the pending
  * plane an iteration while lines are left (cypool_pending_step), so the
  * stores drain while the plane is pooled instead of stalling the core in
  * one burst. A plane of int64 indices has about as many lines as a pass

@@ -1,0 +1,226 @@
+# Max pooling backward (scatter-add of each gradient at its index) and
+# unpooling with its backward (see _maxpool_rows.pxi for the family).
+
+cdef inline Py_ssize_t _out_of_range(const index_t* ix, Py_ssize_t n,
+                                     Py_ssize_t hw) noexcept nogil:
+    """How many of ix[:n] lie outside [0, hw) (one unsigned compare each: a
+    negative index wraps to a huge one); vectorised."""
+    cdef Py_ssize_t q, bad = 0
+    for q in range(n):
+        bad += <size_t>ix[q] >= <size_t>hw
+    return bad
+
+
+cdef inline Py_ssize_t _scatter_add(value_t* gi, Py_ssize_t hw, const value_t* go,
+                                    const index_t* ix, Py_ssize_t n) noexcept nogil:
+    """gi[:hw] = 0, then gi[ix[q]] += go[q]; returns how many ix were out of
+    range, and then writes nothing more (the caller raises and discards gi).
+
+    The bounds are checked in one vectorised pass first, so the scatter loop
+    itself is unchecked: a load, an add and a store per entry."""
+    cdef Py_ssize_t q, bad = _out_of_range(ix, n, hw)
+    memset(gi, 0, hw * sizeof(value_t))
+    if bad:
+        return bad
+    # Unrolled by four, in order (entries may share an index): a quarter of
+    # the loop overhead of the plain loop, which gcc does not unroll.
+    for q in range(0, n - 3, 4):
+        gi[ix[q]] += go[q]
+        gi[ix[q + 1]] += go[q + 1]
+        gi[ix[q + 2]] += go[q + 2]
+        gi[ix[q + 3]] += go[q + 3]
+    for q in range(n - n % 4, n):
+        gi[ix[q]] += go[q]
+    return 0
+
+
+DEF _BLOCK_CHUNK = 256
+# Shorter output rows are left to the scatter: at OW = 12 the two vector
+# loops' set-up per row cost more than they save (about 15 ns a row here).
+DEF _BLOCK_MIN_OW = 16
+
+
+cdef inline Py_ssize_t _block_codes(const index_t* ix, int32_t* code, Py_ssize_t n,
+                                    index_t base, index_t W) noexcept nogil:
+    """code[ow] = offset of index ow inside its 2x2 block (0, 1, W or W + 1),
+    or -1 when it lies outside; returns how many lie outside. A separate
+    loop from the writes below: gcc 12 vectorises neither when one loop mixes
+    the int64 indices with float values."""
+    cdef Py_ssize_t ow, miss = 0
+    cdef index_t d
+    cdef bint ok
+    for ow in range(n):
+        d = ix[ow] - base - 2 * <index_t>ow
+        ok = (d == 0) | (d == 1) | (d == W) | (d == W + 1)
+        code[ow] = <int32_t>d if ok else -1
+        miss += not ok
+    return miss
+
+
+cdef inline void _block_write(value_t* r0, value_t* r1, const value_t* go,
+                              const int32_t* code, Py_ssize_t n, int32_t W) noexcept nogil:
+    """Write n 2x2 blocks: each gets its gradient at its code, zeros elsewhere."""
+    cdef Py_ssize_t ow
+    cdef int32_t c
+    cdef value_t g, zero = 0
+    for ow in range(n):
+        c = code[ow]
+        g = go[ow] + zero        # as 0 + g in the scatter: -0.0 becomes +0.0
+        r0[2 * ow] = g if c == 0 else zero
+        r0[2 * ow + 1] = g if c == 1 else zero
+        r1[2 * ow] = g if c == W else zero
+        r1[2 * ow + 1] = g if c == W + 1 else zero
+
+
+cdef inline Py_ssize_t _block_row2x2(value_t* r0, value_t* r1, const value_t* go,
+                                     const index_t* ix, Py_ssize_t OW, index_t base,
+                                     index_t W) noexcept nogil:
+    """Write the 2x2 blocks of one output row. Returns how many indices lie
+    outside their own block (then the caller redoes the plane)."""
+    cdef int32_t code[_BLOCK_CHUNK]
+    cdef Py_ssize_t o0, n, miss = 0
+    for o0 in range(0, OW, _BLOCK_CHUNK):
+        n = min(OW - o0, _BLOCK_CHUNK)
+        miss += _block_codes(ix + o0, code, n, base + 2 * <index_t>o0, W)
+        _block_write(r0 + 2 * o0, r1 + 2 * o0, go + o0, code, n, <int32_t>W)
+    return miss
+
+
+cdef Py_ssize_t _blocks2x2(value_t* gi, Py_ssize_t H, Py_ssize_t W, const value_t* go,
+                           const index_t* ix, Py_ssize_t OH, Py_ssize_t OW) noexcept nogil:
+    """Backward of one plane whose indices each lie in their own 2x2 block
+    (rows 2oh, 2oh + 1, columns 2ow, 2ow + 1), as a 2x2/stride-2 pooling
+    gives: the blocks are disjoint, so every input position gets at most one
+    gradient and the plane is written in one pass, with no zeroing first and
+    no scatter. Needs H >= 2 OH and W >= 2 OW; the rest of the plane is zero.
+    Returns how many indices lie outside their block: the plane is then
+    wrong and must be redone by _scatter_add."""
+    cdef Py_ssize_t oh, miss = 0
+    cdef value_t* r0
+    for oh in range(OH):
+        r0 = gi + 2 * oh * W
+        miss += _block_row2x2(r0, r0 + W, go + oh * OW, ix + oh * OW, OW,
+                              <index_t>(2 * oh * W), <index_t>W)
+        if W > 2 * OW:
+            memset(r0 + 2 * OW, 0, (W - 2 * OW) * sizeof(value_t))
+            memset(r0 + W + 2 * OW, 0, (W - 2 * OW) * sizeof(value_t))
+    memset(gi + 2 * OH * W, 0, (H - 2 * OH) * W * sizeof(value_t))
+    return miss
+
+
+cdef inline Py_ssize_t _backward_plane(value_t* gi, Py_ssize_t H, Py_ssize_t W,
+                                       const value_t* go, const index_t* ix,
+                                       Py_ssize_t OH, Py_ssize_t OW,
+                                       bint blocks) noexcept nogil:
+    """One plane of max_pool2d_backward; returns its out-of-range count."""
+    if blocks and _blocks2x2(gi, H, W, go, ix, OH, OW) == 0:
+        return 0
+    return _scatter_add(gi, H * W, go, ix, OH * OW)
+
+
+def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
+                        const index_t[:, ::1] indices,      # IN  (P, OH*OW)
+                        value_t[:, ::1] grad_input,         # OUT (P, H*W), fully written
+                        Py_ssize_t OW, Py_ssize_t W, int num_threads):
+    """Scatter-add grad_output into zeroed planes at indices.
+
+    Returns the number of indices outside [0, H*W); the planes holding them
+    are left zero, and the caller raises. Each plane is zeroed just before
+    its scatter, so it is still in L1 when the scatter writes it.
+
+    When the first plane's indices each lie in their own 2x2 block (any
+    2x2/stride-2 pooling), every plane is first tried by _blocks2x2, which
+    writes it in one vectorised pass; a plane where that fails is redone by
+    the scatter, so the result never depends on the guess.
+
+    (Streaming stores for large outputs were tried: 10-15% slower here, as
+    repeated calls find much of the output still in the 32 MiB L3.)
+    """
+    cdef Py_ssize_t P = grad_output.shape[0], n = grad_output.shape[1]
+    cdef Py_ssize_t hw = grad_input.shape[1], p
+    cdef Py_ssize_t OH = n // OW if OW > 0 else 0
+    cdef Py_ssize_t H = hw // W if W > 0 else 0
+    cdef Py_ssize_t bad = 0
+    cdef bint blocks = OW >= _BLOCK_MIN_OW and H >= 2 * OH and W >= 2 * OW
+    if P == 0 or hw == 0:
+        return 0
+    with nogil:
+        # Plane 0 decides whether the others try the 2x2-block pass first.
+        if blocks:
+            blocks = _blocks2x2(&grad_input[0, 0], H, W, &grad_output[0, 0],
+                                &indices[0, 0], OH, OW) == 0
+        if not blocks:
+            bad = _scatter_add(&grad_input[0, 0], hw, &grad_output[0, 0], &indices[0, 0], n)
+        if num_threads == 1:
+            for p in range(1, P):
+                bad += _backward_plane(&grad_input[p, 0], H, W, &grad_output[p, 0],
+                                       &indices[p, 0], OH, OW, blocks)
+    if num_threads == 1:
+        return bad
+    for p in prange(1, P, nogil=True, schedule="static", num_threads=num_threads):
+        bad += _backward_plane(&grad_input[p, 0], H, W, &grad_output[p, 0],
+                               &indices[p, 0], OH, OW, blocks)
+    return bad
+
+
+cdef inline Py_ssize_t _scatter_set(value_t* o, Py_ssize_t hw, const value_t* xv,
+                                    const index_t* ix, Py_ssize_t n) noexcept nogil:
+    """o[:hw] = 0, then o[ix[q]] = xv[q] in order; returns how many ix were
+    out of range, and then writes nothing more (as _scatter_add)."""
+    cdef Py_ssize_t q, bad = _out_of_range(ix, n, hw)
+    memset(o, 0, hw * sizeof(value_t))
+    if bad:
+        return bad
+    for q in range(n):
+        o[ix[q]] = xv[q]
+    return 0
+
+
+def max_unpool2d(const value_t[:, ::1] x,            # IN  (P, H*W)
+                 const index_t[:, ::1] indices,      # IN  (P, H*W)
+                 value_t[:, ::1] out,                # OUT (P, OH*OW), fully written
+                 int num_threads):
+    """Write x into zeroed planes at indices; a repeated index keeps the last
+    value in row-major order. Returns the number of out-of-range indices;
+    the planes holding them are left zero, and the caller raises."""
+    cdef Py_ssize_t P = x.shape[0], n = x.shape[1]
+    cdef Py_ssize_t hw = out.shape[1], p
+    cdef Py_ssize_t bad = 0
+    for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
+        bad += _scatter_set(&out[p, 0], hw, &x[p, 0], &indices[p, 0], n)
+    return bad
+
+
+def max_unpool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
+                          const index_t[:, ::1] indices,      # IN  (P, H*W), all in range
+                          value_t[:, ::1] grad_input,         # OUT (P, H*W)
+                          int num_threads):
+    """Exact gradient of max_unpool2d: entry q gets grad_output at indices[q]
+    if it is the value that stayed there (the last writer), else zero.
+
+    indices must have been checked by max_unpool2d (all in [0, OH*OW))."""
+    cdef Py_ssize_t P = grad_output.shape[0], ohw = grad_output.shape[1]
+    cdef Py_ssize_t n = indices.shape[1], p, q
+    cdef Py_ssize_t* writer
+    cdef const index_t* ix
+    cdef const value_t* go
+    cdef value_t* gi
+    cdef int[1] failed
+    cdef int* fail = &failed[0]
+    failed[0] = 0
+    with nogil, parallel(num_threads=num_threads):
+        writer = <Py_ssize_t*>malloc(ohw * sizeof(Py_ssize_t))
+        if writer == NULL:
+            fail[0] = 1
+        else:
+            for p in prange(P, schedule="static"):
+                ix = &indices[p, 0]
+                go = &grad_output[p, 0]
+                gi = &grad_input[p, 0]
+                for q in range(n):
+                    writer[ix[q]] = q
+                for q in range(n):
+                    gi[q] = go[ix[q]] if writer[ix[q]] == q else 0
+            free(writer)
+    if failed[0]:
+        raise MemoryError("cypool.MaxUnpool2d.backward: out of memory")
