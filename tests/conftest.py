@@ -1,4 +1,3 @@
-import os
 import zlib
 
 import numpy as np
@@ -12,18 +11,13 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
-def torch_or_skip():
-    return pytest.importorskip("torch", reason="PyTorch not installed: cross-check skipped")
+@pytest.fixture
+def set_streams(monkeypatch):
+    """set_streams(flag): make max_pool2d stream its indices (True) or store
+    them plainly (False), whatever the sizes: both ways run every path."""
+    import cypool.pooling
 
+    def set_to(flag):
+        monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: flag)
+    return set_to
 
-def cypool_subprocess_env(drop=()):
-    """Environment for a Python subprocess, run from an empty folder, that
-    imports the cypool these tests import: the installed one, or an in-place
-    build's source tree (put on PYTHONPATH). drop: variables to leave out."""
-    from cypool import _backend
-
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(_backend.__file__)))
-    if os.path.basename(root) not in ("site-packages", "dist-packages"):
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    return env

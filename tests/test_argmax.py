@@ -4,7 +4,7 @@ import pytest
 
 import cypool
 import reference as ref
-from conftest import torch_or_skip
+from helpers import torch_or_skip
 
 
 def np_argmax2d(x):

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import torch_or_skip
+from helpers import torch_or_skip
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 import cnn_models as m  # noqa: E402

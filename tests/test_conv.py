@@ -5,7 +5,7 @@ import pytest
 
 import cypool
 import reference as ref
-from conftest import torch_or_skip
+from helpers import torch_or_skip
 
 
 def random_case(rng, big=False):

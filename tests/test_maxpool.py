@@ -5,7 +5,7 @@ import pytest
 import cypool
 from cypool._backend import module_for
 import reference as ref
-from conftest import torch_or_skip
+from helpers import torch_or_skip
 
 
 def random_config(rng):
@@ -40,7 +40,7 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("trial", range(60))
 @pytest.mark.parametrize("kind", ["plain", "ties", "specials"])
-def test_forward_random_configs(rng, trial, kind, monkeypatch):
+def test_forward_random_configs(rng, trial, kind, set_streams):
     shape, cfg = random_config(rng)
     dtype = [np.float32, np.float64][trial % 2]
     x = ref.random_values(rng, shape, dtype, ties=kind == "ties", specials=kind == "specials")
@@ -50,7 +50,7 @@ def test_forward_random_configs(rng, trial, kind, monkeypatch):
     assert_same(idx, ridx)
     assert_same(cypool.max_pool2d(x, **cfg), rout)  # the no-index path
     # Indices streamed, as for calls larger than the cache.
-    monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: True)
+    set_streams(True)
     for index_dtype in (np.int64, np.int32):
         out, idx = cypool.max_pool2d(x, **cfg, return_indices=True, index_dtype=index_dtype)
         assert_same(out, rout)
@@ -60,8 +60,8 @@ def test_forward_random_configs(rng, trial, kind, monkeypatch):
 @pytest.mark.parametrize("case", ["2x2s2", "3x3s1p1", "3x3s2p1", "2x2s2ceil", "3x3s2p1ceil"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
 @pytest.mark.parametrize("stream", [False, True])
-def test_specialised_paths(rng, case, dtype, stream, monkeypatch):
-    monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
+def test_specialised_paths(rng, case, dtype, stream, set_streams):
+    set_streams(stream)
     cfg = {
         "2x2s2": dict(kernel_size=2, stride=2),
         "3x3s1p1": dict(kernel_size=3, stride=1, padding=1),
@@ -87,13 +87,13 @@ def test_specialised_paths(rng, case, dtype, stream, monkeypatch):
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 2, 1, 7), (2, 1, 7, 1), (2, 3, 28, 28),
                                    (1, 2, 5, 39), (1, 2, 5, 40), (1, 1, 500, 30)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
-def test_3x3_stride1_pad1_flat_path(rng, shape, dtype, stream, monkeypatch):
+def test_3x3_stride1_pad1_flat_path(rng, shape, dtype, stream, set_streams):
     """3x3/s1/p1 ("same") pooling runs over small planes as one flat loop
     with row-edge masks; rows of 40 and more, and (1, 1, 500, 30) (above
     its size limit), take the row path. Edges, ties, specials and
     all-lowest planes on both; indices written with plain stores and, as
     for inputs larger than the cache, with streaming stores."""
-    monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
+    set_streams(stream)
     for kind in ["plain", "ties", "specials", "lowest"]:
         x = ref.random_values(rng, shape, dtype, ties=kind == "ties",
                               specials=kind == "specials" and np.dtype(dtype).kind == "f")
@@ -111,13 +111,13 @@ def test_3x3_stride1_pad1_flat_path(rng, shape, dtype, stream, monkeypatch):
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, monkeypatch):
+def test_flat_path_redoes_only_planes_with_nan(rng, dtype, stream, set_streams):
     """The flat 3x3 path scans a plane without NaN with plain compares and
     redoes a plane holding one, with indices and without: a single NaN at
     the plane's first or last element, at a row's first or last column or inside, among planes with
     none (some with +-inf), and planes of 23 values, so that the index
     planes of a batch start at every alignment."""
-    monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
+    set_streams(stream)
     for H, W in [(6, 7), (1, 23), (28, 28)]:
         spots = [0, H * W - 1, W - 1, (H - 1) * W, H * W // 2]
         x = rng.standard_normal((len(spots) + 3, 2, H, W)).astype(dtype)
@@ -153,12 +153,12 @@ def test_signed_zero_ties_keep_the_first(rng, cfg, dtype):
 
 @pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("shape", [(9, 1, 28, 28), (7, 2, 5, 13), (100, 1, 28, 28)])
-def test_flat_path_streams_a_plane_during_the_next(rng, shape, index_dtype, monkeypatch):
+def test_flat_path_streams_a_plane_during_the_next(rng, shape, index_dtype, set_streams):
     """On the float32 flat 3x3 path, a plane's indices are streamed while
     the next plane is pooled, from the other of two buffers; a plane with
     NaN, and each thread's last plane, stream theirs at the end. Planes of
-    65 outputs leave a tail and partial lines; (100, 1, 28, 28) runs on two
-    threads. Streamed results equal those written directly, which the
+    65 outputs leave a tail and partial lines; (100, 1, 28, 28) runs on a
+    thread team (OpenMP's default size). Streamed results equal those written directly, which the
     other tests check against the reference (and the small shapes are
     checked against it here too)."""
     x = rng.standard_normal(shape).astype(np.float32)
@@ -166,7 +166,7 @@ def test_flat_path_streams_a_plane_during_the_next(rng, shape, index_dtype, monk
     x[-1, 0, 0, 0] = np.nan
     results = {}
     for stream in (False, True):
-        monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: stream)
+        set_streams(stream)
         results[stream] = cypool.max_pool2d(x, 3, 1, 1, return_indices=True, index_dtype=index_dtype)
     assert_same(results[True][0], results[False][0])
     assert_same(results[True][1], results[False][1])

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from cypool import _backend
-from conftest import cypool_subprocess_env
+from helpers import cypool_subprocess_env
 
 
 @pytest.mark.parametrize("isa", _backend.RUNNABLE_ISAS)

@@ -11,7 +11,7 @@ import pytest
 import cypool
 from cypool import _backend
 import reference as ref
-from conftest import cypool_subprocess_env
+from helpers import cypool_subprocess_env
 
 
 def test_chosen_variant_is_one_that_was_built():
