@@ -112,10 +112,7 @@ def _work(macs: int, touched: int) -> int:
     """A call's size for the thread policy. A multiply-add costs far less
     than a memory access (16 of them go in one vector instruction): 32
     count as one element of work, so that a batch-1 call of a small network
-    stays on the calling thread; measured here, a 350K multiply-add call
-    (the vector convolution of a 28x28 image at E = 8) took 84 us on a
-    woken team of two, a fifth of it in libgomp, against about 30 us on
-    one thread."""
+    stays on the calling thread (docs/performance.md, Threads)."""
     return macs // 32 + touched
 
 
