@@ -147,6 +147,8 @@ cdef struct ConvJob:
     Py_ssize_t O, Op          # output channels; padded to whole register tiles / blocks
     Py_ssize_t OH, OW
     Py_ssize_t L, G, ce       # virtual output length; chunks of it per image, chunk length
+    bint direct               # the phase buffer would be the image itself: read x in place
+    Py_ssize_t direct_spill   # read in place, images before this one have the next image after them
     const Py_ssize_t* off     # tap offsets in the phase buffer
 
 
@@ -159,6 +161,7 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
     j.L = (OH - 1) * j.p.Wq + OW
     j.G = (j.L + ce - 1) // ce
     j.off = off
+    j.direct = False
     if off == NULL:
         return 1
     _tap_offsets(&j.p, kh, kw, dh, dw, off)
@@ -194,6 +197,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     cdef floating** outs = <floating**>malloc(j.Op * sizeof(void*))
     cdef const floating** pp = _pack_new(j.K, <floating*>NULL)
     cdef floating* pack = _pack_rows(pp, j.K)
+    cdef const floating* img = buf
     cdef int failed = buf == NULL or tmp == NULL or xs == NULL or outs == NULL or pp == NULL
     if not failed:
         for o in range(j.Op):
@@ -201,16 +205,22 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
         for q in range(q0, q1):
             n = q // j.G
             if n != cur:
-                _fill_phases(x, n, &j.p, buf)
+                if j.direct:
+                    img = &x[n, 0, 0, 0]
+                else:
+                    _fill_phases(x, n, &j.p, buf)
                 cur = n
             e_lo = (q % j.G) * j.ce
             ne = min(j.ce, j.L - e_lo)
             for t in range(j.K):
-                xs[t] = buf + j.off[t] + e_lo
-            # Whole vectors: the end of the last one may read the slack, and
-            # its outputs past ne are not copied out.
-            _vc_pixel(j.K, xs, wt, j.Op, 0, min(j.ce, (ne + vt - 1) // vt * vt), j.Op, outs,
-                      <const floating*>NULL, pack, pp)
+                xs[t] = img + j.off[t] + e_lo
+            # Whole vectors: the end of the last one may read the buffer's
+            # slack (or, read in place, the next image), and its outputs past
+            # ne are not copied out. The last image read in place has nothing
+            # after it: its tiles stop at ne.
+            _vc_pixel(j.K, xs, wt, j.Op, 0,
+                      ne if j.direct and n >= j.direct_spill else min(j.ce, (ne + vt - 1) // vt * vt),
+                      j.Op, outs, <const floating*>NULL, pack, pp)
             # The chunk's real outputs (columns ow < OW), plus the bias.
             for o in range(j.O):
                 b = bias[o] if bias != NULL else 0
@@ -262,6 +272,15 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef int* fail = &failed[0]
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
     failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw)
+    # An unpadded stride-1 convolution of C-contiguous images: the phase
+    # buffer would be a copy of each image, so the taps read x in place.
+    j.direct = (uh == 1 and uw == 1 and sh == 1 and sw == 1 and plh == 0 and plw == 0
+                and Hp == x.shape[2] and Wp == x.shape[3]
+                and x.strides[3] == sizeof(floating) and x.strides[2] == x.shape[3] * sizeof(floating)
+                and x.strides[1] == x.shape[2] * x.shape[3] * sizeof(floating))
+    # Rounding a chunk up to whole vectors reads at most a vector past an
+    # image's end: inside x when the images are back to back, but the last.
+    j.direct_spill = (x.shape[0] - 1 if x.strides[0] == x.shape[1] * x.strides[1] else 0)
     wt = _tap_major_weights(w, transposed, Op)
     Q = x.shape[0] * j.G
     if not failed[0] and wt != NULL:

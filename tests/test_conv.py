@@ -240,3 +240,20 @@ def test_non_finite_inputs_in_the_weight_gradient(rng, O):
     _, gw, _ = cypool.conv2d_backward(g, x, w, **geo, needs_input_grad=False)
     np.testing.assert_array_equal(np.isnan(gw), np.isnan(rgw))
     np.testing.assert_allclose(gw[~np.isnan(gw)], rgw[~np.isnan(rgw)], rtol=1e-10)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_unpadded_stride1_reads_images_in_place(rng, k):
+    # No padding and stride 1: the kernel reads each C-contiguous image in
+    # place, rounding chunks up into the next image except for the last;
+    # batches whose images are not back to back (every other image, the
+    # batch reversed) must give the same as their contiguous copies.
+    base = rng.standard_normal((10, 5, 13, 11)).astype(np.float32)
+    w = rng.standard_normal((9, 5, k, k)).astype(np.float32)
+    b = rng.standard_normal(9).astype(np.float32)
+    for x in (base, base[::2], base[::-1], base[3:4], base[0]):
+        want = ref.conv2d(np.asarray(x, np.float64).reshape((-1,) + base.shape[1:]), w.astype(np.float64),
+                          b.astype(np.float64), (1, 1), ((0, 0), (0, 0)), (1, 1))
+        for nt in (1, 2):
+            got = cypool.conv2d(x, w, b, num_threads=nt)
+            np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
