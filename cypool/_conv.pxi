@@ -13,10 +13,15 @@
 # vector convolution of a single pixel with E = (OH - 1) * Wq + OW (the
 # Wq - OW columns past each output row are computed and dropped): the
 # register-blocked tiles of _vconv_kernel.h do the arithmetic, and no
-# im2col buffer is made. The input gradient is this forward run on the
-# output gradient (upsampled by the stride, padded by the kernel's reach)
-# with the kernel flipped and transposed; the weight gradient is dot
-# products over e of the output gradient with the same tap vectors.
+# im2col buffer is made. An unpadded stride-1 convolution of C-contiguous
+# images reads them in place (the buffer would be a copy).
+#
+# The input gradient of a stride-1 convolution is this forward run on the
+# output gradient padded by the kernel's reach, with the kernel flipped and
+# transposed; a strided one's is computed by columns, added into place
+# (_col2im_images). The weight gradient runs the same tiles on each chunk's
+# im2col rows, or, for 8 output channels or fewer and an image without inf
+# or NaN, takes dot products over e with the tap vectors.
 #
 # Work items are (image, chunk of e). Each thread takes a contiguous run of
 # them (so it fills the buffer of an image once, and the split, and with it
