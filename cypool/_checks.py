@@ -371,8 +371,13 @@ def conv_channels(C: int, wshape: tuple, xname: str = "x") -> None:
 _NO_BIAS = {d: np.empty(0, d) for d in FLOAT_DTYPES}
 
 
+def no_bias(dtype: np.dtype) -> np.ndarray:
+    """The empty array the convolution kernels take for 'no bias'."""
+    return _NO_BIAS[dtype]
+
+
 def bias_arg(bias, O: int, dtype: np.dtype) -> np.ndarray:
-    """bias as a C-contiguous (O,) array of dtype, or an empty one for None."""
+    """bias as a C-contiguous (O,) array of dtype, or no_bias() for None."""
     if bias is None:
         return _NO_BIAS[dtype]
     if type(bias) is np.ndarray and bias.dtype == dtype and bias.shape == (O,) and bias.flags.c_contiguous:

@@ -172,7 +172,7 @@ def input_grad_into(gx, g4, weight, plan: _Plan, nt: int) -> None:
             gx[...] = res
     else:
         threads, ce = _threads_and_chunk(p, nt, N)
-        kernel("conv2d_forward", dt)(g4, weight, True, chk.bias_arg(None, 0, dt), gx, *p.args, ce, threads)
+        kernel("conv2d_forward", dt)(g4, weight, True, chk.no_bias(dt), gx, *p.args, ce, threads)
 
 
 def weight_grad_into(gw, gb, gc, x4, plan: _Plan, nt: int) -> None:

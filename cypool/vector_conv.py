@@ -121,7 +121,8 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     if E <= SMALL_E_FORWARD:
         plan = _small_e_plan(x5, weight, geom)
         for n in range(N):
-            conv.forward_into(_component_views(out, n), _component_views(x5, n), weight, b[:0], plan, nt)
+            conv.forward_into(_component_views(out, n), _component_views(x5, n), weight,
+                              chk.no_bias(dt), plan, nt)
         if bias is not None:
             out[..., 0] += b[:, None, None]
         return out if batched else out[0]
