@@ -143,6 +143,13 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
         If shapes disagree, input_shape cannot have produced grad_output, or
         an index lies outside ``[0, H*W)`` (nothing is written then).
     """
+    grad_output, kd, indices, shape = backward_args(grad_output, indices, input_shape)
+    return _backward(grad_output, kd, indices, shape, num_threads)
+
+
+def backward_args(grad_output, indices, input_shape):
+    """max_pool2d_backward's checks: (grad_output, kernel dtype, indices,
+    input_shape as a tuple)."""
     grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
     indices = chk.index_array(indices)
     _check_indices_like(grad_output, indices, "grad_output")
@@ -158,7 +165,7 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
             f"input_shape {shape} cannot have produced an output of {(OH, OW)}: "
             "max pooling gives at most (H + 1, W + 1)"
         )
-    return _backward(grad_output, kd, indices, shape, num_threads)
+    return grad_output, kd, indices, shape
 
 
 def _backward(grad_output, kd, indices, input_shape, num_threads):

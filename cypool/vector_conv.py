@@ -156,6 +156,16 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     grad_bias : ndarray of shape (O,)
         The sum of ``grad_output[..., 0]`` over the batch and positions.
     """
+    return backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad,
+                    needs_weight_grad, num_threads)
+
+
+def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad, needs_weight_grad,
+             num_threads, small_e=None):
+    """vector_conv2d_backward; small_e chooses the kernels (None: by E, as
+    the public function does). cypool.dask passes the choice of the whole
+    array to each of its E chunks, so that the input gradient of every
+    chunk is the one the whole array gets, bit for bit."""
     x5, batched, weight, geom, (OH, OW) = _conv_args(x, weight, stride, padding, dilation)
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     N, C, H, W, E = x5.shape
@@ -166,7 +176,9 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     g5 = chk.contiguous(g if batched else g[None], dt)
     grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
     grad_x = grad_w = None
-    if E <= SMALL_E_BACKWARD:
+    if small_e is None:
+        small_e = E <= SMALL_E_BACKWARD
+    if small_e:
         return _small_e_backward(g5, x5, weight, geom, batched, needs_input_grad, needs_weight_grad,
                                  nt) + (grad_bias,)
     work = g5.size + x5.size
