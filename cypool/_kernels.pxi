@@ -4,6 +4,7 @@
 include "_common.pxi"
 include "_maxpool_rows.pxi"
 include "_maxpool_flat3.pxi"
+include "_maxpool_small.pxi"
 include "_maxpool_forward.pxi"
 include "_maxpool_backward.pxi"
 include "_argmax.pxi"

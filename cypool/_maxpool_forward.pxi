@@ -124,6 +124,9 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     g.weave = g.stream_idx and g.flat3 and value_t is float and CYPOOL_FLAT3_SIMD
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
+    if not g.flat3 and not scalar_only and _small_plane_fits(g.H, g.W, g.OH, g.OW, kh, kw):
+        _forward_small(x, out, indices, with_indices, &g, num_threads)
+        return
     # Read-only, shared by all threads: a row of lowest values and the code
     # of each column's first valid tap (nonzero only where it starts in the
     # left padding); for the flat 3x3 path, caps for the left taps, then for
@@ -180,3 +183,18 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     free(low_row)
     if failed[0]:
         raise MemoryError("cypool.max_pool2d: out of memory for per-thread buffers")
+
+
+cdef void _forward_small(const value_t[:, :, ::1] x, value_t[:, :, ::1] out,
+                         index_t[:, :, ::1] indices, bint with_indices, const PoolGeom* g,
+                         int num_threads) except *:
+    """The forward on the small-plane path (_maxpool_small.pxi)."""
+    cdef Py_ssize_t n_out = g.OH * g.OW, T = g.kh * g.kw
+    cdef int32_t* taps = <int32_t*>malloc((n_out * T + n_out) * sizeof(int32_t))
+    if taps == NULL:
+        raise MemoryError("cypool.max_pool2d: out of memory")
+    _small_tap_table(g, taps, taps + n_out * T)
+    with nogil:
+        _pool_small(&x[0, 0, 0], &out[0, 0, 0], &indices[0, 0, 0] if with_indices else NULL,
+                    x.shape[0], g, taps, taps + n_out * T, num_threads)
+    free(taps)

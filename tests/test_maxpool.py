@@ -57,6 +57,41 @@ def test_forward_random_configs(rng, trial, kind, set_streams):
         assert_same(idx, ridx.astype(index_dtype))
 
 
+@pytest.mark.parametrize("trial", range(24))
+def test_small_planes_many_channels(rng, trial):
+    # The small-plane path pools 16 planes at a time: full blocks, a last
+    # partial block, one plane; ties, NaN, inf; every dtype; 1 and 2 threads.
+    while True:
+        shape, cfg = random_config(rng)
+        if shape[-2] * shape[-1] <= 256:
+            break
+    P = int(rng.choice([1, 15, 16, 17, 40, 67]))
+    shape = (1, P) + shape[-2:]
+    dtype = [np.float32, np.float64, np.int32, np.int64, np.float16][trial % 5]
+    x = ref.random_values(rng, shape, dtype, ties=trial % 3 == 0, specials=trial % 3 == 1)
+    rout, ridx = ref_pool(x, cfg)
+    for index_dtype in (np.int64, np.int32):
+        for nt in (1, 2):
+            out, idx = cypool.max_pool2d(x, **cfg, return_indices=True, index_dtype=index_dtype,
+                                         num_threads=nt)
+            assert_same(out, rout)
+            assert_same(idx, ridx.astype(index_dtype))
+    assert_same(cypool.max_pool2d(x, **cfg), rout)
+
+
+def test_small_planes_late_layer_shapes(rng):
+    # The specialised cases of VGG/ResNet late layers, with ties and NaN.
+    for shape, k, s, p in [((3, 40, 14, 14), 2, 2, 0), ((2, 33, 7, 7), 3, 2, 1), ((2, 20, 7, 7), 3, 1, 1),
+                           ((1, 17, 16, 16), 2, 2, 0), ((2, 9, 13, 13), 3, 2, 1)]:
+        x = ref.random_values(rng, shape, np.float32, ties=True)
+        x[0, 0, 1, 1] = np.nan
+        for ceil in (False, True):
+            out, idx = cypool.max_pool2d(x, k, s, p, ceil_mode=ceil, return_indices=True)
+            rout, ridx = ref.max_pool2d(x, k, s, p, 1, ceil)
+            assert_same(out, rout)
+            assert_same(idx, ridx)
+
+
 @pytest.mark.parametrize("case", ["2x2s2", "3x3s1p1", "3x3s2p1", "2x2s2ceil", "3x3s2p1ceil"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
 @pytest.mark.parametrize("stream", [False, True])
