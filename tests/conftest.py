@@ -21,3 +21,21 @@ def set_streams(monkeypatch):
         monkeypatch.setattr(cypool.pooling, "streams", lambda kept, write_once: flag)
     return set_to
 
+
+
+try:  # hypothesis profiles for tests/test_fuzz.py
+    import os
+
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "ci", max_examples=200, derandomize=True, deadline=None, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    settings.register_profile(
+        "long", max_examples=3000, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    settings.load_profile(os.environ.get("CYPOOL_HYPOTHESIS_PROFILE", "ci"))
+except ImportError:
+    pass
