@@ -127,6 +127,67 @@ def compare(fns: dict, repeats: int = 15, pause: float = 0.02) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def _release_heap() -> None:
+    """Give the C heap's free memory back to the OS (glibc), so that the next
+    large output is fresh pages that fault on first touch."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def as_called(fns: dict, repeats: int = 7) -> dict:
+    """How each fn fares called the way users call it, against its steady
+    state (compare()): {name: {condition: median seconds}}, conditions
+    * "steady": compare()'s warmed, paused, interleaved best case;
+    * "after matmul": one call right after a 768x768 float32 numpy matrix
+      product, whose OpenBLAS threads then spin for about 0.1 s on the
+      same cores;
+    * "fresh output": one call, its threads awake, right after the heap's
+      free memory went back to the OS, so its output's pages fault in.
+    Interleaved: each repeat runs every fn in each condition in turn.
+    """
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((768, 768), dtype=np.float32)
+    steady = compare(fns, repeats)
+    res = {name: {"steady": [steady[name]], "after matmul": [], "fresh output": []} for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            time.sleep(0.3)
+            fn()  # its own buffers and threads as a loop leaves them
+            a @ a
+            t = time.perf_counter()
+            fn()
+            res[name]["after matmul"].append(time.perf_counter() - t)
+            time.sleep(0.3)  # the BLAS threads asleep
+            for _ in range(3):
+                fn()
+            junk = np.ones(2**24)  # 128 MiB through the heap, then back to the OS
+            del junk
+            _release_heap()
+            t = time.perf_counter()
+            fn()
+            res[name]["fresh output"].append(time.perf_counter() - t)
+    return {name: {c: statistics.median(v) for c, v in conds.items()} for name, conds in res.items()}
+
+
+def as_called_table(title: str, rows: list) -> str:
+    """Markdown: per case and peer, the steady time and each condition's
+    time as a multiple of it (the slowdown users see)."""
+    lines = [f"### {title}", "", "| case | peer | steady ms | after a numpy matmul | into fresh pages |",
+             "|---|---|---|---|---|"]
+    for case, res in rows:
+        for peer, r in res.items():
+            st = r["steady"]
+            lines.append(f"| {case} | {peer} | {fmt_ms(st).strip()} | "
+                         f"{fmt_ms(r['after matmul']).strip()} ms ({r['after matmul'] / st:.2f}x) | "
+                         f"{fmt_ms(r['fresh output']).strip()} ms ({r['fresh output'] / st:.2f}x) |")
+    return "\n".join(lines)
+
+
 def fmt_ms(s: float) -> str:
     return f"{s * 1e3:9.3f}"
 
@@ -156,6 +217,9 @@ def arg_parser(description: str) -> argparse.ArgumentParser:
                    help="threads for cypool and every peer (default: OpenMP's default)")
     p.add_argument("--repeats", type=int, default=15, help="interleaved repeats per case (median)")
     p.add_argument("--quick", action="store_true", help="fewer repeats and smaller shapes, for smoke tests")
+    p.add_argument("--as-called", action="store_true",
+                   help="also time single calls after a numpy matmul and into fresh pages, "
+                        "against the steady state (benches that call kernels directly)")
     return p
 
 

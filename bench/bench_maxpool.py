@@ -1,12 +1,15 @@
 """Max pooling with indices: cypool vs PyTorch vs numpy recipes.
 
-Run: python bench/bench_maxpool.py [--threads N] [--repeats R]
+Run: python bench/bench_maxpool.py [--threads N] [--repeats R] [--quick] [--as-called]
 
 Forward with indices, backward, and the batch-of-one layer step of an
 educational numpy CNN,
 each against the peers that are installed. The forward is also compared with
 a memory-bandwidth floor: numpy's x.copy() time scaled by the bytes the call
-must move, t_copy * (input + output + index bytes) / (2 * input bytes).
+must move, t_copy * (input + output + index bytes) / (2 * input bytes), and
+the backward likewise (gradient + index bytes read, input-gradient written).
+--as-called also times single forward calls as users make them (after a
+numpy matmul, into fresh pages) against the steady state, next to torch.
 """
 from __future__ import annotations
 
@@ -14,14 +17,19 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import cypool
-from _harness import compare, start, table, torch
+from _harness import as_called, as_called_table, compare, start, table, torch
 
 SHAPES = [  # (input shape, kernel, stride, padding)
     ((32, 64, 56, 56), 2, 2, 0),
     ((32, 64, 112, 112), 3, 2, 1),
     ((16, 256, 28, 28), 3, 1, 1),
+    # late layers: small planes, many channels (VGG, ResNet)
+    ((32, 512, 14, 14), 2, 2, 0),
+    ((8, 1024, 7, 7), 3, 2, 1),
+    ((64, 256, 7, 7), 3, 1, 1),
 ]
-QUICK_SHAPES = [((4, 16, 56, 56), 2, 2, 0), ((4, 16, 28, 28), 3, 1, 1)]
+AS_CALLED = [((32, 64, 56, 56), 2, 2, 0), ((32, 512, 14, 14), 2, 2, 0), ((4, 16, 56, 56), 2, 2, 0)]
+QUICK_SHAPES = [((4, 16, 56, 56), 2, 2, 0), ((4, 16, 28, 28), 3, 1, 1), ((4, 256, 14, 14), 2, 2, 0)]
 
 
 def numpy_pool_with_indices(x, k, s, p):
@@ -52,7 +60,7 @@ def numpy_backward(g, idx, shape):
 def main(argv=None):
     args, n, reps = start(__doc__, argv, quick_repeats=5)
     rng = np.random.default_rng(0)
-    fwd_rows, bwd_rows, floor_rows = [], [], []
+    fwd_rows, bwd_rows, floor_rows, called_rows = [], [], [], []
     for shape, k, s, p in (QUICK_SHAPES if args.quick else SHAPES):
         x = rng.standard_normal(shape, dtype=np.float32)
         out, idx = cypool.max_pool2d(x, k, s, p, return_indices=True, num_threads=n)
@@ -76,8 +84,16 @@ def main(argv=None):
         floor = t_copy * (x.nbytes + out.nbytes + idx.nbytes) / (2 * x.nbytes)
         case = f"{list(shape)} k{k} s{s} p{p}"
         fwd_rows.append((case, r))
-        floor_rows.append((case, {"cypool": r["cypool"], "floor": floor}))
-        bwd_rows.append((case, compare(bwd, reps)))
+        rb = compare(bwd, reps)
+        bwd_rows.append((case, rb))
+        bfloor = t_copy * (g.nbytes + idx.nbytes + x.nbytes) / (2 * x.nbytes)
+        floor_rows.append((case, {"cypool": r["cypool"], "floor": floor, "cypool bwd": rb["cypool"],
+                                  "bwd floor": bfloor}))
+        if args.as_called and (shape, k, s, p) in AS_CALLED:
+            called = {"cypool": fwd["cypool"]}
+            if torch is not None:
+                called["torch"] = fwd["torch"]
+            called_rows.append((f"{case} forward with indices", as_called(called, reps)))
 
     # An educational numpy CNN's pool: batch of one through the layer, forward + backward.
     x1 = rng.standard_normal((1, 2, 24, 24))
@@ -110,16 +126,21 @@ def main(argv=None):
     print()
     print(table("max_pool2d forward with indices, float32", fwd_rows))
     print()
-    print("### forward with indices vs the memory-bandwidth floor (x.copy() scaled by bytes moved)")
+    print("### forward with indices and backward vs the memory-bandwidth floor (x.copy() scaled by bytes moved)")
     print()
-    print("| case | cypool ms | floor ms | cypool / floor |")
-    print("|---|---|---|---|")
+    print("| case | cypool ms | floor ms | cypool / floor | backward ms | floor ms | backward / floor |")
+    print("|---|---|---|---|---|---|---|")
     for case, r in floor_rows:
-        print(f"| {case} | {r['cypool'] * 1e3:.3f} | {r['floor'] * 1e3:.3f} | {r['cypool'] / r['floor']:.2f}x |")
+        print(f"| {case} | {r['cypool'] * 1e3:.3f} | {r['floor'] * 1e3:.3f} | {r['cypool'] / r['floor']:.2f}x "
+              f"| {r['cypool bwd'] * 1e3:.3f} | {r['bwd floor'] * 1e3:.3f} "
+              f"| {r['cypool bwd'] / r['bwd floor']:.2f}x |")
     print()
     print(table("max_pool2d_backward, float32", bwd_rows))
     print()
     print(table("batch of one, as a numpy CNN calls the layer", step_rows))
+    if called_rows:
+        print()
+        print(as_called_table("as called: one call after a numpy matmul, or into fresh pages", called_rows))
 
 
 if __name__ == "__main__":

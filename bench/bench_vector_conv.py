@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import cypool
-from _harness import compare, memory_row, start, table, torch
+from _harness import as_called, as_called_table, compare, memory_row, start, table, torch
 
 SHAPES = [  # name, (C, H, W, E), O, k, s, p
     ("MNIST ConvSmall 1", (1, 28, 28, 785), 16, 4, 2, 0),
@@ -100,7 +100,7 @@ def sweep(n, reps, quick):
 def main(argv=None):
     args, n, reps = start(__doc__, argv, quick_repeats=3)
     rng = np.random.default_rng(0)
-    fwd_rows, bwd_rows, mem_lines = [], [], []
+    fwd_rows, bwd_rows, mem_lines, called_rows = [], [], [], []
     for name, (C, H, W, E), O, k, s, p in (QUICK if args.quick else SHAPES):
         x = rng.standard_normal((C, H, W, E), dtype=np.float32)
         w = (rng.standard_normal((O, C, k, k)) / np.sqrt(C * k * k)).astype(np.float32)
@@ -114,6 +114,9 @@ def main(argv=None):
         # numpy's matrix product leaves OpenBLAS threads spinning for ~0.1 s.
         fwd_rows.append((case, compare(fwd, reps, pause=0.15)))
         bwd_rows.append((case, compare(bwd, max(3, reps // 2), pause=0.15)))
+        if args.as_called and name == "MNIST ConvSmall 1":
+            called = {k_: v for k_, v in fwd.items() if k_ != "numpy im2col"}
+            called_rows.append((f"{case} forward", as_called(called, reps)))
         setup = (f"import bench_vector_conv, cypool\nrng = np.random.default_rng(0)\n"
                  f"x = rng.standard_normal({(C, H, W, E)}, dtype=np.float32)\n"
                  f"w = rng.standard_normal({(O, C, k, k)}).astype(np.float32)\n"
@@ -127,6 +130,9 @@ def main(argv=None):
     print()
     print(table("vector_conv2d_backward (input and weight gradients), float32", bwd_rows))
     print()
+    if called_rows:
+        print(as_called_table("as called: one call after a numpy matmul, or into fresh pages", called_rows))
+        print()
     sf, sb = sweep(n, max(3, reps // 2), args.quick)
     print()
     print(table("vector_conv2d forward at small E, float32", sf))

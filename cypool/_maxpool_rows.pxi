@@ -2,6 +2,7 @@
 # window loops and their per-thread workspace. The family is split by concern:
 #   _maxpool_rows.pxi      this file: geometry, row loops, workspace;
 #   _maxpool_flat3.pxi     3x3/stride 1/padding 1 over a whole small plane;
+#   _maxpool_small.pxi     planes of at most 256 elements, 16 at a time;
 #   _maxpool_forward.pxi   the choice of path per plane, streaming, the entry point;
 #   _maxpool_backward.pxi  the backward (scatter-add) and unpooling.
 #

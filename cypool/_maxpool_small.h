@@ -18,8 +18,8 @@
 #define CYPOOL_SMALL_LANES 16
 
 /* The target's vector width; the 16 lanes are 16 * sizeof(T) / VBYTES of
- * its vectors, scanned side by side (wider generic vectors were lowered
- * badly for AVX2: 13 times slower). */
+ * its vectors, scanned side by side: generic vectors wider than the
+ * target's are lowered to scalar compares and selects (docs/performance.md). */
 #if defined(__AVX512F__)
 #define CYPOOL_SMALL_VBYTES 64
 #elif defined(__AVX2__)

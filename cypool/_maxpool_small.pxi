@@ -10,11 +10,11 @@
 #      i * LANES + b (planes innermost);
 #   2. scans each output position's taps by takes_over()'s rule, each step
 #      one LANES-wide load, compare and select of the value and of the tap
-#      offset, which is the index itself (_maxpool_small.h): the padding is simply never read,
-#      so ties keep the first valid maximum and NaN the first NaN;
+#      offset, which is the index itself (_maxpool_small.h): the padding is
+#      never read, so ties keep the first valid maximum and NaN the first NaN;
 #   3. copies the LANES results of each position back to the planes.
-# No per-plane setup remains: at 14x14 k2 s2 the row path spent most of its
-# time per plane on its ring of padded rows.
+# No per-plane setup remains (the row path's ring of padded rows costs more
+# than the pooling on planes this small).
 
 # Planes of at most _SMALL_MAX_HW elements (and outputs of at most as many)
 # with windows of at most _SMALL_MAX_TAPS taps take this path; its buffers
