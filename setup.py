@@ -10,7 +10,8 @@ Everything about *how* the extension is compiled lives here:
   best one is chosen at import; ``-march=native`` only when the user sets
   ``CYPOOL_NATIVE=1`` for a source build, which then builds that one variant
   (the result may crash on another CPU);
-* the Cython compiler directives, set once for every module.
+* the Cython compiler directives, set once for every module;
+* debug (``CYPOOL_DEBUG=1``) and sanitizer (``CYPOOL_SANITIZE=...``) builds.
 """
 import os
 import platform
@@ -70,13 +71,41 @@ def probe_openmp(compiler):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# CYPOOL_DEBUG=1: Cython's bounds, wraparound and initialisation checks on,
+# C asserts kept, -O1 -g. CYPOOL_SANITIZE=address,undefined (or either):
+# instrumented with those sanitizers (see CONTRIBUTING.md, "Sanitizers").
+DEBUG = os.environ.get("CYPOOL_DEBUG") == "1"
+SANITIZE = os.environ.get("CYPOOL_SANITIZE", "").strip()
+
+
+def sanitizer_flags():
+    """(compile args, link args) for CYPOOL_SANITIZE, a comma-separated list
+    of address and undefined."""
+    if not SANITIZE:
+        return [], []
+    kinds = [k.strip() for k in SANITIZE.split(",") if k.strip()]
+    unknown = set(kinds) - {"address", "undefined"}
+    if unknown:
+        raise SystemExit(f"CYPOOL_SANITIZE: unknown sanitizer(s) {sorted(unknown)}; "
+                         "use address, undefined or address,undefined")
+    flag = "-fsanitize=" + ",".join(kinds)
+    compile_args = [flag, "-fno-omit-frame-pointer", "-g"]
+    if "undefined" in kinds:
+        compile_args.append("-fno-sanitize-recover=undefined")  # a finding stops the process
+    return compile_args, [flag]
+
+
 def base_compile_args(compiler_type):
     if compiler_type == "msvc":
-        return ["/O2"]
-    args = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-tautological-compare"]
+        return ["/Od", "/Zi"] if DEBUG else ["/O2"]
+    if DEBUG:
+        args = ["-O1", "-g", "-UNDEBUG"]
+    else:
+        args = ["-O3"]
+    args += ["-fno-math-errno", "-fno-trapping-math", "-Wno-tautological-compare"]
     if os.environ.get("CYPOOL_VEC_REPORT") == "1":
         args.append("-fopt-info-vec-optimized")
-    return args
+    return args + sanitizer_flags()[0]
 
 
 class BuildExt(build_ext):
@@ -87,6 +116,8 @@ class BuildExt(build_ext):
         super().finalize_options()
         if self.parallel is None:
             self.parallel = os.cpu_count() or 1
+        if DEBUG or SANITIZE:
+            self.force = True  # objects left by a release build are not reused
 
     def build_extensions(self):
         ctype = self.compiler.compiler_type
@@ -100,7 +131,7 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             # The variant's own flags come last so that they win.
             ext.extra_compile_args = base_compile_args(ctype) + cflags + ext.extra_compile_args
-            ext.extra_link_args = ldflags + ext.extra_link_args
+            ext.extra_link_args = ldflags + sanitizer_flags()[1] + ext.extra_link_args
         super().build_extensions()
         self._remove_stale_variants()
 
@@ -126,6 +157,8 @@ DIRECTIVES = {
     "nonecheck": False,
     "embedsignature": True,
 }
+if DEBUG:
+    DIRECTIVES.update(boundscheck=True, wraparound=True, initializedcheck=True)
 
 def variants():
     """(name, extra compile args) of each instruction-set level to build.
@@ -169,6 +202,8 @@ setup(
         nthreads=os.cpu_count() or 1,  # one process per variant
         compiler_directives=DIRECTIVES,
         annotate=os.environ.get("CYPOOL_ANNOTATE") == "1",
+        # Debug directives: C of its own, away from the release build's
+        **({"build_dir": "build/cython-debug", "force": True} if DEBUG else {}),
     ),
     cmdclass={"build_ext": BuildExt},
 )

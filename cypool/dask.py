@@ -258,7 +258,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     each whole input plane. ``num_threads`` is per task.
     """
     x = _dask(x, "x")
-    shadow, kd = chk.array(_shadow(x), "x", (3, 4))
+    chk.array(_shadow(x), "x", (3, 4))
     H, W = x.shape[-2:]
     ceil_mode = bool(ceil_mode)
     geom = chk.pool_geometry(H, W, kernel_size, stride, padding, dilation, ceil_mode)

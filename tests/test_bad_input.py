@@ -1,4 +1,6 @@
 """Bad input is refused with ValueError/TypeError naming the parameter."""
+import os
+
 import numpy as np
 import pytest
 
@@ -196,3 +198,36 @@ def test_conv2d_huge_thread_count_is_a_correct_result():
 def test_unpool_backward_rejects(args, exc, name):
     with pytest.raises(exc, match=name):
         cypool.max_unpool2d_backward(*args)
+
+
+@pytest.mark.parametrize("value", [2**31, 2**32 + 1, -2**31, -1])
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_indices_at_and_past_2_31_are_refused_by_backward_and_unpool(value, index_dtype):
+    if index_dtype == np.int32 and not -2**31 <= value < 2**31:
+        return  # not representable
+    x = np.arange(16.0).reshape(1, 1, 4, 4)
+    out, idx = cypool.max_pool2d(x, 2, return_indices=True, index_dtype=index_dtype)
+    idx[0, 0, 1, 1] = value
+    with pytest.raises(ValueError, match="indices"):
+        cypool.max_pool2d_backward(np.ones_like(out), idx, x.shape)
+    with pytest.raises(ValueError, match="indices"):
+        cypool.max_unpool2d(out, idx, 2)
+
+
+@pytest.mark.skipif(os.environ.get("CYPOOL_BIG_TESTS") != "1",
+                    reason="needs 9 GB of memory: set CYPOOL_BIG_TESTS=1")
+def test_a_plane_of_more_than_2_31_elements():
+    # Real data this time (8.6 GB of float32): int64 indices and argmax
+    # coordinates past 2**31, and int32 refused.
+    H, W = 2**16, 2**15 + 3
+    c = 2**15 - 1  # inside the last pooling window
+    x = np.zeros((1, 1, H, W), np.float32)
+    x[0, 0, H - 3, c] = 1.0
+    assert (H - 3) * W + c > 2**31
+    assert cypool.argmax2d(x).tolist() == [[[H - 3, c]]]
+    out, idx = cypool.max_pool2d(x, (256, 2048), return_indices=True)
+    assert out.max() == 1.0
+    assert idx[0, 0, -1, -1] == (H - 3) * W + c
+    assert idx[0, 0, -1, 0] == (H - 256) * W  # all zeros: the window's first element
+    with pytest.raises(ValueError, match="index_dtype"):
+        cypool.max_pool2d(x, 2, return_indices=True, index_dtype=np.int32)
