@@ -183,31 +183,32 @@ def close(a, b, dtype):
     np.testing.assert_allclose(a, b, **tol)
 
 
+def check_conv(fwd, bwd, ref_fwd, ref_bwd, case, threads):
+    """A convolution and its backward against the reference's, on one case;
+    ref_* take (..., stride, padding, dilation) as the reference spells them."""
+    x, w, b, s, p, d = case
+    out = fwd(x, w, b, s, p, d, num_threads=threads)
+    close(out, ref_fwd(x, w, b), x.dtype)
+    g = np.random.default_rng(1).standard_normal(out.shape).astype(x.dtype)
+    for got, want in zip(bwd(g, x, w, s, p, d, num_threads=threads), ref_bwd(g, x, w)):
+        close(got, want, x.dtype)
+
+
 @given(conv_case(vector=False), st.sampled_from([None, 1, 2]))
 def test_conv2d_and_backward(case, threads):
-    x, w, b, s, p, d = case
+    s, p, d = case[3:]
     pads = ((p[0], p[0]), (p[1], p[1]))
-    out = cypool.conv2d(x, w, b, s, p, d, num_threads=threads)
-    close(out, ref.conv2d(x, w, b, s, pads, d), x.dtype)
-    g = np.random.default_rng(1).standard_normal(out.shape).astype(x.dtype)
-    gx, gw, gb = cypool.conv2d_backward(g, x, w, s, p, d, num_threads=threads)
-    rx, rw, rb = ref.conv2d_backward(g, x, w, s, pads, d)
-    close(gx, rx, x.dtype)
-    close(gw, rw, x.dtype)
-    close(gb, rb, x.dtype)
+    check_conv(cypool.conv2d, cypool.conv2d_backward,
+               lambda x, w, b: ref.conv2d(x, w, b, s, pads, d),
+               lambda g, x, w: ref.conv2d_backward(g, x, w, s, pads, d), case, threads)
 
 
 @given(conv_case(vector=True), st.sampled_from([None, 1, 2]))
 def test_vector_conv2d_and_backward(case, threads):
-    x, w, b, s, p, d = case
-    out = cypool.vector_conv2d(x, w, b, s, p, d, num_threads=threads)
-    close(out, ref.vector_conv2d(x, w, b, s, p, d), x.dtype)
-    g = np.random.default_rng(1).standard_normal(out.shape).astype(x.dtype)
-    gx, gw, gb = cypool.vector_conv2d_backward(g, x, w, s, p, d, num_threads=threads)
-    rx, rw, rb = ref.vector_conv2d_backward(g, x, w, s, p, d)
-    close(gx, rx, x.dtype)
-    close(gw, rw, x.dtype)
-    close(gb, rb, x.dtype)
+    s, p, d = case[3:]
+    check_conv(cypool.vector_conv2d, cypool.vector_conv2d_backward,
+               lambda x, w, b: ref.vector_conv2d(x, w, b, s, p, d),
+               lambda g, x, w: ref.vector_conv2d_backward(g, x, w, s, p, d), case, threads)
 
 
 @given(conv_case(vector=False))
