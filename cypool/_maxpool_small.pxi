@@ -18,7 +18,7 @@
 
 # Planes of at most _SMALL_MAX_HW elements (and outputs of at most as many)
 # with windows of at most _SMALL_MAX_TAPS taps take this path; its buffers
-# (input, values, int32 offsets) are on the stack: 48 KiB for float64.
+# (input, values, int32 offsets) are on the stack: 80 KiB for float64.
 DEF _SMALL_LANES = 16  # CYPOOL_SMALL_LANES of _maxpool_small.h
 DEF _SMALL_MAX_HW = 256
 DEF _SMALL_MAX_TAPS = 64
