@@ -5,7 +5,8 @@ the RSS they add.
 
 Run: python bench/bench_soak.py [--seconds S] [--threads T] [--calls N]
 
-(tests/test_soak.py runs the same code for a few seconds and 20,000 calls.)
+(tests/test_soak.py runs the same code for a few seconds and 20,000 calls, and
+at this length with `pytest -m slow`.)
 """
 from __future__ import annotations
 

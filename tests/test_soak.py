@@ -1,6 +1,6 @@
-"""Concurrency, soak and leaks (short versions; bench/bench_soak.py runs the
-minute-long, 100,000-call ones). CYPOOL_SOAK_SECONDS and CYPOOL_SOAK_CALLS
-lengthen them here too."""
+"""Concurrency, soak and leaks: short versions in every run, the full ones
+(a minute of 8 threads, 100,000 calls) marked slow: `pytest -m slow`.
+bench/bench_soak.py runs the full ones and prints the figures."""
 import gc
 import os
 import weakref
@@ -12,9 +12,10 @@ import cypool
 import soak
 
 
-def test_threads_calling_at_once_get_the_serial_results():
+@pytest.mark.parametrize("seconds", [4, pytest.param(60, marks=pytest.mark.slow)])
+def test_threads_calling_at_once_get_the_serial_results(seconds):
     pytest.importorskip("threadpoolctl")
-    res = soak.concurrency(float(os.environ.get("CYPOOL_SOAK_SECONDS", 4)), threads=8)
+    res = soak.concurrency(seconds, threads=8)
     assert res["hung"] == 0, res
     assert res["mismatches"] == 0, res
     assert res["calls"] > 100 and res["limit changes"] > 10, res
@@ -23,8 +24,9 @@ def test_threads_calling_at_once_get_the_serial_results():
 @pytest.mark.skipif(soak.rss() == 0, reason="no /proc: RSS unavailable")
 @pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
                     reason="under ASan freed memory waits in quarantine: LeakSanitizer checks leaks there")
-def test_mixed_calls_do_not_grow_memory():
-    res = soak.leak(int(os.environ.get("CYPOOL_SOAK_CALLS", 20_000)))
+@pytest.mark.parametrize("calls", [20_000, pytest.param(100_000, marks=pytest.mark.slow)])
+def test_mixed_calls_do_not_grow_memory(calls):
+    res = soak.leak(calls)
     assert res["rss growth bytes"] < 5 * 2**20, res
 
 
