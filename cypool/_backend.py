@@ -38,10 +38,9 @@ LEVELS = (
 )
 # Kernels that run on the best level only up to this one unless a level is
 # forced. The max-pool and argmax loops are bound by memory and branchless
-# selects; gcc 12's x86-64-v4 code for them measured up to 8% slower than
-# its AVX2 code on four of six max-pool rows on an AVX-512 machine, and the
-# same for argmax (bench/results/isa_levels.md), while the convolution's
-# 16-float register tiles gain up to 1.8x there.
+# selects, and gcc 12's x86-64-v4 code for them is slower than its AVX2
+# code, while the convolution's 16-float register tiles gain from AVX-512
+# (bench/results/isa_levels.md).
 CAPPED = {
     "max_pool2d_forward": "avx2",
     "max_pool2d_backward": "avx2",
@@ -174,12 +173,8 @@ def streams(kept: int, write_once: int) -> bool:
     kept: bytes of the data the call reads and of the outputs the next layer
     reads; write_once: bytes of the write-once output. Streaming pays when
     it is what keeps the rest in the last-level cache: kept fits there, and
-    kept plus write_once does not. Measured here (32 MiB L3, forward with
-    int64 indices): [16, 256, 28, 28] 3x3/s1 (25.7 + 25.7 MB) and
-    [32, 64, 56, 56] 2x2/s2 (32.1 + 12.8 MB) took 5-15% less time; below
-    the cache size plain stores win ([8, 256, 28, 28], 12.8 + 12.8 MB:
-    streaming 5% slower), and so they do where nothing stays cached anyway
-    ([32, 64, 112, 112] 3x3/s2, 128 + 51 MB: streaming 9% slower).
+    kept plus write_once does not. Below the cache size plain stores win,
+    and so they do where nothing stays cached anyway (docs/performance.md).
     """
     return kept <= LAST_LEVEL_CACHE < kept + write_once
 

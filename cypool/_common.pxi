@@ -79,6 +79,24 @@ cdef inline void _note_team() noexcept nogil:
         _last_team = omp_get_num_threads()
 
 
+cdef inline void _set_serial_team() noexcept nogil:
+    """Record a serial call (no parallel region) for last_team_size()."""
+    global _last_team
+    _last_team = 1
+
+
+cdef inline Py_ssize_t _share_start(Py_ssize_t Q, int t) noexcept nogil:
+    """Where thread t's contiguous share of Q work items starts (share t
+    ends where share t + 1 starts), as schedule="static" would split them.
+
+    The kernels' one threading style: the work of a share, per-thread
+    buffers included, is a function over [start, end); a serial call runs
+    it on [0, Q) without a parallel region, a parallel call runs it on each
+    thread's share. Assign the result in the parallel block, so that Cython
+    makes the variable private to the thread."""
+    return Q * t // omp_get_num_threads()
+
+
 def last_team_size():
     """Threads the last parallel kernel call ran on (1 for a serial call).
 

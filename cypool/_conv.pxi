@@ -114,13 +114,6 @@ cdef inline void _tap_offsets(const PhaseGeom* p, Py_ssize_t kh, Py_ssize_t kw, 
                 k = k + 1
 
 
-cdef inline Py_ssize_t _share_start(Py_ssize_t Q, int t) noexcept nogil:
-    """Where thread t's contiguous share of Q work items starts (share t
-    ends where share t + 1 starts). Assign the result in the parallel block,
-    so that Cython makes the variable private to the thread."""
-    return Q * t // omp_get_num_threads()
-
-
 cdef floating* _tap_major_weights(const floating[:, :, :, :] w, bint transposed,
                                   Py_ssize_t Op) noexcept nogil:
     """The weights as (K, Op) rows, one per tap (c, i, j), output channels
@@ -175,11 +168,6 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
 
 cdef inline void _job_free(ConvJob* j) noexcept nogil:
     free(<void*>j.off)
-
-
-cdef inline void _set_serial_team() noexcept nogil:
-    global _last_team
-    _last_team = 1
 
 
 cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,

@@ -118,6 +118,18 @@ cdef inline Py_ssize_t _backward_plane(value_t* gi, Py_ssize_t H, Py_ssize_t W,
     return _scatter_add(gi, H * W, go, ix, OH * OW)
 
 
+cdef Py_ssize_t _backward_planes(value_t[:, ::1] grad_input, Py_ssize_t H, Py_ssize_t W,
+                                 const value_t[:, ::1] grad_output, const index_t[:, ::1] indices,
+                                 Py_ssize_t OH, Py_ssize_t OW, bint blocks,
+                                 Py_ssize_t p0, Py_ssize_t p1) noexcept nogil:
+    """Planes [p0, p1); returns their out-of-range count."""
+    cdef Py_ssize_t p, bad = 0
+    for p in range(p0, p1):
+        bad += _backward_plane(&grad_input[p, 0], H, W, &grad_output[p, 0],
+                               &indices[p, 0], OH, OW, blocks)
+    return bad
+
+
 def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
                         const index_t[:, ::1] indices,      # IN  (P, OH*OW)
                         value_t[:, ::1] grad_input,         # OUT (P, H*W), fully written
@@ -132,12 +144,9 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
     2x2/stride-2 pooling), every plane is first tried by _blocks2x2, which
     writes it in one vectorised pass; a plane where that fails is redone by
     the scatter, so the result never depends on the guess.
-
-    (Streaming stores for large outputs were tried: 10-15% slower here, as
-    repeated calls find much of the output still in the 32 MiB L3.)
     """
     cdef Py_ssize_t P = grad_output.shape[0], n = grad_output.shape[1]
-    cdef Py_ssize_t hw = grad_input.shape[1], p
+    cdef Py_ssize_t hw = grad_input.shape[1], t
     cdef Py_ssize_t OH = n // OW if OW > 0 else 0
     cdef Py_ssize_t H = hw // W if W > 0 else 0
     cdef Py_ssize_t bad = 0
@@ -151,15 +160,18 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
                                 &indices[0, 0], OH, OW) == 0
         if not blocks:
             bad = _scatter_add(&grad_input[0, 0], hw, &grad_output[0, 0], &indices[0, 0], n)
-        if num_threads == 1:
-            for p in range(1, P):
-                bad += _backward_plane(&grad_input[p, 0], H, W, &grad_output[p, 0],
-                                       &indices[p, 0], OH, OW, blocks)
     if num_threads == 1:
+        _set_serial_team()
+        with nogil:
+            bad += _backward_planes(grad_input, H, W, grad_output, indices, OH, OW, blocks, 1, P)
         return bad
-    for p in prange(1, P, nogil=True, schedule="static", num_threads=num_threads):
-        bad += _backward_plane(&grad_input[p, 0], H, W, &grad_output[p, 0],
-                               &indices[p, 0], OH, OW, blocks)
+    # One share of the planes per iteration, so that the counts add up as a
+    # reduction (a parallel block has none).
+    for t in prange(num_threads, nogil=True, schedule="static", num_threads=num_threads):
+        _note_team()
+        bad += _backward_planes(grad_input, H, W, grad_output, indices, OH, OW, blocks,
+                                1 + (P - 1) * t // num_threads,
+                                1 + (P - 1) * (t + 1) // num_threads)
     return bad
 
 

@@ -15,8 +15,8 @@
 # two selects a tap, and the NaN-aware one (_pick), about twice the work.
 # The horizontal pass reports whether the plane holds a NaN; if so, it is
 # redone by the NaN-aware versions. A call without indices (eval mode) takes
-# a third horizontal version that keeps no indices: 20% less time for
-# [16, 256, 28, 28] without indices, measured here.
+# a third horizontal version that keeps no indices (docs/performance.md,
+# "Why the kernels are shaped as they are").
 
 cdef inline void _flat3_h_at(const value_t* x, Py_ssize_t p, Py_ssize_t W,
                              value_t* hv, int32_t* hc, value_t low) noexcept nogil:

@@ -1,10 +1,12 @@
 # Max pooling forward: which path pools each plane, index streaming, and the
 # kernel entry point (see _maxpool_rows.pxi for the family).
 
-cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
-                      const value_t* low_row, const int32_t* kcol,
-                      Workspace* ws, const PoolGeom* g, bint scalar_only) noexcept nogil:
-    """Max-pool one (H, W) plane into (OH, OW); ip may be NULL (no indices)."""
+cdef void _pool_plane_rows(const value_t* xp, value_t* op, index_t* ip,
+                           const value_t* low_row, const int32_t* kcol,
+                           Workspace* ws, const PoolGeom* g, bint scalar_only) noexcept nogil:
+    """Max-pool one (H, W) plane into (OH, OW) an output row at a time, on
+    the row paths of _maxpool_rows.pxi (2x2, separable 3x3, generic, or
+    scalar windows); ip may be NULL (no indices)."""
     cdef Py_ssize_t oh, ow, h0, i_lo, i_hi, where, i, slot
     cdef Py_ssize_t W = g.W
     cdef value_t low = _lowest(<value_t*>NULL)
@@ -42,22 +44,23 @@ cdef void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
                          g, h0 * W - g.pw, low, i_lo, i_hi)
 
 
-cdef inline void _pool_path(const value_t* xp, value_t* op, index_t* ip,
-                            const value_t* low_row, const int32_t* kcol,
-                            const value_t* caps, Workspace* ws, const PoolGeom* g,
-                            bint scalar_only) noexcept nogil:
-    """Pool one plane into op/ip (ip may be NULL) on the path its geometry takes."""
+cdef inline void _pool_plane(const value_t* xp, value_t* op, index_t* ip,
+                             const value_t* low_row, const int32_t* kcol,
+                             const value_t* caps, Workspace* ws, const PoolGeom* g,
+                             bint scalar_only) noexcept nogil:
+    """Pool one plane into op/ip (ip may be NULL) on the path its geometry
+    takes: the flat 3x3 path or the row paths."""
     if g.flat3:
         _pool_plane_flat3(xp, op, ip, caps, ws, g)
     else:
-        _pool_plane(xp, op, ip, low_row, kcol, ws, g, scalar_only)
+        _pool_plane_rows(xp, op, ip, low_row, kcol, ws, g, scalar_only)
 
 
-cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
-                           const value_t* low_row, const int32_t* kcol,
-                           const value_t* caps, Workspace* ws, const PoolGeom* g,
-                           bint scalar_only) noexcept nogil:
-    """_pool_path, with the indices streamed out when g.stream_idx: pooled as
+cdef inline void _pool_plane_streamed(const value_t* xp, value_t* op, index_t* ip,
+                                      const value_t* low_row, const int32_t* kcol,
+                                      const value_t* caps, Workspace* ws, const PoolGeom* g,
+                                      bint scalar_only) noexcept nogil:
+    """_pool_plane, with the indices streamed out when g.stream_idx: pooled as
     int32 into the workspace, then widened as they are streamed (a store
     and a load per 8 indices in the workspace, not two of each). With
     g.weave they are streamed while the next plane is pooled, from the other
@@ -66,16 +69,38 @@ cdef inline void _pool_one(const value_t* xp, value_t* op, index_t* ip,
     cdef Py_ssize_t n = g.OH * g.OW
     cdef int32_t* buf = ws.ibuf
     if ip == NULL or not g.stream_idx:
-        _pool_path(xp, op, ip, low_row, kcol, caps, ws, g, scalar_only)
+        _pool_plane(xp, op, ip, low_row, kcol, caps, ws, g, scalar_only)
         return
     if g.weave:
         buf += ws.ibuf_flip * (_round_up(n * sizeof(int32_t)) // sizeof(int32_t))
         ws.ibuf_flip ^= 1
-    _pool_path(xp, op, buf, low_row, kcol, caps, ws, g, scalar_only)
+    _pool_plane(xp, op, buf, low_row, kcol, caps, ws, g, scalar_only)
     cypool_pending_finish(&ws.pend)
     cypool_pending_start(&ws.pend, ip, buf, n, index_t is int64_t)
     if not g.weave:
         cypool_pending_finish(&ws.pend)
+
+
+cdef int _pool_planes(const value_t[:, :, ::1] x, value_t[:, :, ::1] out,
+                      index_t[:, :, ::1] indices, bint with_indices,
+                      const value_t* low_row, const int32_t* kcol, const value_t* caps,
+                      const PoolGeom* g, bint scalar_only,
+                      Py_ssize_t p0, Py_ssize_t p1) noexcept nogil:
+    """Planes [p0, p1), with a workspace of this thread's own; 1 when out
+    of memory."""
+    cdef Py_ssize_t p
+    cdef Workspace* ws = _workspace_new(g, sizeof(value_t), _lowest(<value_t*>NULL))
+    if ws == NULL:
+        return 1
+    for p in range(p0, p1):
+        _pool_plane_streamed(&x[p, 0, 0], &out[p, 0, 0],
+                             &indices[p, 0, 0] if with_indices else NULL,
+                             low_row, kcol, caps, ws, g, scalar_only)
+    if g.stream_idx:
+        cypool_pending_finish(&ws.pend)
+        cypool_stream_fence()
+    _workspace_free(ws)
+    return 0
 
 
 def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
@@ -92,7 +117,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     cdef value_t* caps = NULL
     cdef int32_t* kcol = NULL
     cdef Py_ssize_t n_caps
-    cdef Workspace* ws
+    cdef int tid
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
@@ -113,14 +138,11 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     # _STREAM_MAX_PLANE indices a plane are written directly.
     g.stream_idx = (with_indices and stream_indices and not scalar_only
                     and g.OH * g.OW <= _STREAM_MAX_PLANE)
-    # Streaming a plane's indices while the next plane is pooled (the
-    # float32 flat 3x3 path, whose passes are written with intrinsics): in
-    # the vertical pass alone, [16, 256, 28, 28] took 0.76-0.96 ms against
-    # 0.81-1.05 ms without weaving, interleaved here at moderate load, with
-    # no gain while other tenants saturated the memory link; from the start
-    # of the horizontal pass, see cypool_flat3_h_f32 in _simd.h.
-    # Loops written in Cython would have to be cut into chunks to take it:
-    # with chunks of 128 outputs the flat path was 10% slower.
+    # Streaming a plane's indices while the next plane is pooled: only the
+    # float32 flat 3x3 path, whose passes are written with intrinsics
+    # (cypool_flat3_h_f32 in _simd.h). Loops written in Cython would have to
+    # be cut into chunks to take it, which costs more than it saves
+    # (docs/performance.md).
     g.weave = g.stream_idx and g.flat3 and value_t is float and CYPOOL_FLAT3_SIMD
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
@@ -151,35 +173,17 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
         kcol[ow] = <int32_t>(j_lo * dw)
     if num_threads == 1:
         # Small calls: no parallel region at all, not even a team of one.
+        _set_serial_team()
         with nogil:
-            _note_team()
-            ws = _workspace_new(&g, sizeof(value_t), low)
-            if ws == NULL:
-                fail[0] = 1
-            else:
-                for p in range(P):
-                    _pool_one(&x[p, 0, 0], &out[p, 0, 0],
-                              &indices[p, 0, 0] if with_indices else NULL,
-                              low_row, kcol, caps, ws, &g, scalar_only)
-                if g.stream_idx:
-                    cypool_pending_finish(&ws.pend)
-                    cypool_stream_fence()
-                _workspace_free(ws)
+            failed[0] = _pool_planes(x, out, indices, with_indices, low_row, kcol, caps,
+                                     &g, scalar_only, 0, P)
     else:
         with nogil, parallel(num_threads=num_threads):
-            ws = _workspace_new(&g, sizeof(value_t), low)
-            if ws == NULL:
+            _note_team()
+            tid = threadid()
+            if _pool_planes(x, out, indices, with_indices, low_row, kcol, caps, &g, scalar_only,
+                            _share_start(P, tid), _share_start(P, tid + 1)):
                 fail[0] = 1
-            else:
-                for p in prange(P, schedule="static"):
-                    _note_team()
-                    _pool_one(&x[p, 0, 0], &out[p, 0, 0],
-                              &indices[p, 0, 0] if with_indices else NULL,
-                              low_row, kcol, caps, ws, &g, scalar_only)
-                if g.stream_idx:
-                    cypool_pending_finish(&ws.pend)
-                    cypool_stream_fence()
-                _workspace_free(ws)
     free(low_row)
     if failed[0]:
         raise MemoryError("cypool.max_pool2d: out of memory for per-thread buffers")

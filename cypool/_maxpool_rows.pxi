@@ -34,14 +34,12 @@
 # vectorised bounds check; when every index lies in its own 2x2 block (a
 # 2x2/stride-2 pooling), it writes the blocks directly instead (_blocks2x2).
 
-# The flat 3x3 path is for short rows: measured here (AVX2, [16, C, W, W]),
-# it takes half the time of the row path at W = 14 to 32, the same at 40,
-# and up to 1.3x longer from 48 on, where the row loop vectorises well and
-# the whole-plane buffers no longer fit in L1. (H + 2) * W is capped so its
-# two buffers stay in L2.
+# The flat 3x3 path is for short rows: from about 40 columns on, the row
+# loop vectorises well and the whole-plane buffers no longer fit in L1
+# (docs/performance.md). (H + 2) * W is capped so its two buffers stay in L2.
 DEF _FLAT3_MAX_W = 39
 DEF _FLAT3_MAX = 16384
-# The largest output plane whose indices are streamed (see _pool_one): its
+# The largest output plane whose indices are streamed (see _pool_plane_streamed): its
 # int32 buffer (256 KiB) stays in L2.
 DEF _STREAM_MAX_PLANE = 65536
 

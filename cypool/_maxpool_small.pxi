@@ -96,21 +96,29 @@ cdef void _pool_small_block(const value_t* x, value_t* op, index_t* ip, Py_ssize
                 ip[b * n_out + o] = <index_t>code[o * _SMALL_LANES + b]
 
 
+cdef void _pool_small_blocks(const value_t* x, value_t* op, index_t* ip, Py_ssize_t P,
+                             const PoolGeom* g, const int32_t* taps, const int32_t* ntaps,
+                             Py_ssize_t blk0, Py_ssize_t blk1) noexcept nogil:
+    """Blocks [blk0, blk1) of LANES planes (the last one may be partial)."""
+    cdef Py_ssize_t HW = g.H * g.W, n_out = g.OH * g.OW, T = g.kh * g.kw, blk, p0
+    for blk in range(blk0, blk1):
+        p0 = blk * _SMALL_LANES
+        _pool_small_block(x + p0 * HW, op + p0 * n_out, ip + p0 * n_out if ip != NULL else NULL,
+                          min(_SMALL_LANES, P - p0), taps, ntaps, T, HW, n_out)
+
+
 cdef void _pool_small(const value_t* x, value_t* op, index_t* ip, Py_ssize_t P,
                       const PoolGeom* g, const int32_t* taps, const int32_t* ntaps,
                       int num_threads) noexcept nogil:
     """All P planes, LANES at a time, the blocks shared among the threads."""
-    cdef Py_ssize_t HW = g.H * g.W, n_out = g.OH * g.OW, T = g.kh * g.kw
-    cdef Py_ssize_t nblocks = _ceil_div(P, _SMALL_LANES), blk, p0
+    cdef Py_ssize_t nblocks = _ceil_div(P, _SMALL_LANES)
+    cdef int tid
     if num_threads == 1:
-        _note_team()
-        for blk in range(nblocks):
-            p0 = blk * _SMALL_LANES
-            _pool_small_block(x + p0 * HW, op + p0 * n_out, ip + p0 * n_out if ip != NULL else NULL,
-                              min(_SMALL_LANES, P - p0), taps, ntaps, T, HW, n_out)
+        _set_serial_team()
+        _pool_small_blocks(x, op, ip, P, g, taps, ntaps, 0, nblocks)
         return
-    for blk in prange(nblocks, schedule="static", num_threads=num_threads):
+    with parallel(num_threads=num_threads):
         _note_team()
-        p0 = blk * _SMALL_LANES
-        _pool_small_block(x + p0 * HW, op + p0 * n_out, ip + p0 * n_out if ip != NULL else NULL,
-                          min(_SMALL_LANES, P - p0), taps, ntaps, T, HW, n_out)
+        tid = threadid()
+        _pool_small_blocks(x, op, ip, P, g, taps, ntaps,
+                           _share_start(nblocks, tid), _share_start(nblocks, tid + 1))

@@ -24,9 +24,8 @@ static inline int cypool_ctz(unsigned m) { unsigned long i; _BitScanForward(&i, 
 #define cypool_ctz(m) __builtin_ctz(m)
 #endif
 /* The chunk-max loops read the maps once, front to back, so the input's
- * speed is that of memory: prefetching 4 KiB ahead (the best of 1, 2, 4 and
- * 8 KiB measured here) took the [32, 245, 64, 64] argmax from 1.03x to 0.84x
- * of torch.amax's time. Each loop iteration reads 64 or 128 bytes. */
+ * speed is that of memory: they prefetch 4 KiB ahead (the best distance
+ * measured, docs/performance.md). Each loop iteration reads 64 or 128 bytes. */
 #define CYPOOL_PREFETCH_BYTES 4096
 #define CYPOOL_PREFETCH_64(p) \
     _mm_prefetch((const char *)(p) + CYPOOL_PREFETCH_BYTES, _MM_HINT_T0)
@@ -356,13 +355,8 @@ static inline void cypool_pending_finish(cypool_pending *p)
  * plane an iteration while lines are left (cypool_pending_step), so the
  * stores drain while the plane is pooled instead of stalling the core in
  * one burst. A plane of int64 indices has about as many lines as a pass
- * has iterations, so the horizontal pass carries nearly all of them.
- * Measured here on [16, 256, 28, 28] with int64 indices, one thread, the
- * best of repeated timings: 338-369 ns a plane, against 364-386 with a line
- * every other iteration of both passes and 368-395 with only the vertical
- * pass streaming (the Cython horizontal pass could not); on two threads
- * 173-199 against 188-215, the every-other schedule within the noise.
- * MAXPS computes v > m ? v : m and MINPS a < c ? a : c, exactly as the
+ * has iterations, so the horizontal pass carries nearly all of them
+ * (docs/performance.md compares the schedules). MAXPS computes v > m ? v : m and MINPS a < c ? a : c, exactly as the
  * Cython loops do. */
 #if defined(__AVX2__)
 #define CYPOOL_FLAT3_SIMD 1

@@ -43,8 +43,8 @@
 /* The register tiles, with GCC/clang vector types, all made by one macro:
  * ROWS output channels x COLS vectors of E, every accumulator a vector
  * register, one broadcast weight per channel and tap. The full tile is
- * 4 x 3 (12 fused multiply-adds per tap for 3 loads and 4 broadcasts; the
- * 4 x 2 tile issued 8 for 2 and 4: about 10% slower on ConvSmall 2), 8 x 3
+ * 4 x 3 (12 fused multiply-adds per tap for 3 loads and 4 broadcasts,
+ * where the 4 x 2 tile issues 8 for 2 and 4), 8 x 3
  * where the AVX-512 build has 32 registers; 4 x 2, 4 x 1 and 4 x (half a
  * vector) finish E. Plain C loops left gcc 12 spilling the accumulators to
  * the stack, hence the unrolling by the preprocessor:

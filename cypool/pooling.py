@@ -178,7 +178,7 @@ def _backward(grad_output, kd, indices, input_shape, num_threads):
 def backward_from_forward(grad_output, indices: np.ndarray, input_shape: tuple, num_threads):
     """max_pool2d_backward for a MaxPool2d layer: indices and input_shape are
     those its own forward produced and kept (checked then), so only
-    grad_output is checked here: about 1 us less per batch-of-one step."""
+    grad_output is checked here, which matters at batch size one."""
     grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
     _check_indices_like(grad_output, indices, "grad_output")
     return _backward(grad_output, kd, indices, input_shape, num_threads)
