@@ -187,23 +187,30 @@ def variants():
     ]
 
 
-extensions = [
-    Extension(
-        f"cypool._kernels_{name}",
-        [f"cypool/_kernels_{name}.pyx"],
-        extra_compile_args=args,
-    )
-    for name, args in variants()
-]
+def compile_args(variant, compiler_type="unix", openmp=True):
+    """Every C flag a variant's kernels are compiled with (bench/ab_kernels.py
+    builds its A/B modules with these)."""
+    omp = openmp_flags(compiler_type)[0] if openmp else []
+    return base_compile_args(compiler_type) + omp + dict(variants())[variant]
 
-setup(
-    ext_modules=cythonize(
-        extensions,
-        nthreads=os.cpu_count() or 1,  # one process per variant
-        compiler_directives=DIRECTIVES,
-        annotate=os.environ.get("CYPOOL_ANNOTATE") == "1",
-        # Debug directives: C of its own, away from the release build's
-        **({"build_dir": "build/cython-debug", "force": True} if DEBUG else {}),
-    ),
-    cmdclass={"build_ext": BuildExt},
-)
+
+if __name__ == "__main__":  # pip and setuptools run this file as __main__
+    extensions = [
+        Extension(
+            f"cypool._kernels_{name}",
+            [f"cypool/_kernels_{name}.pyx"],
+            extra_compile_args=args,
+        )
+        for name, args in variants()
+    ]
+    setup(
+        ext_modules=cythonize(
+            extensions,
+            nthreads=os.cpu_count() or 1,  # one process per variant
+            compiler_directives=DIRECTIVES,
+            annotate=os.environ.get("CYPOOL_ANNOTATE") == "1",
+            # Debug directives: C of its own, away from the release build's
+            **({"build_dir": "build/cython-debug", "force": True} if DEBUG else {}),
+        ),
+        cmdclass={"build_ext": BuildExt},
+    )

@@ -1,21 +1,24 @@
-"""A/B timing of two builds of the max-pool kernel, interleaved in one process.
+"""A/B timing of two builds of a kernel, interleaved in one process.
 
-Run: python bench/ab_kernels.py BASE [NEW] [--shape 16,256,28,28] [--kernel 3]
-     [--stride 1] [--padding 1] [--index-dtype int64] [--threads 2] [--rounds 9]
+Run: python bench/ab_kernels.py BASE [NEW] [--op maxpool|argmax]
+     [--shape 16,256,28,28] [--kernel 3] [--stride 1] [--padding 1]
+     [--index-dtype int64] [--threads 2] [--rounds 9]
 
 BASE and NEW are git revisions of this repository (NEW defaults to the
 working tree). Each side's cypool/ sources are compiled here as the "avx2"
-variant (x86-64-v3), with its own revision's Cython directives from
-setup.py, into a module of its own name (Python can't load two builds under
-one name), and max_pool2d_forward is called directly on preallocated
+variant, with the C flags of the working tree's setup.py
+(compile_args("avx2")) and its own revision's Cython directives, into a
+module of its own name (Python can't load two builds under one name).
+--op maxpool (the default) calls max_pool2d_forward directly on preallocated
 outputs, with the indices' streaming stores on (max_pool2d turns them on
 only where the input and output fit in the last-level cache and the
 indices on top would not: cypool._backend.streams), so no allocation or
-page fault is timed. After checking that both
+page fault is timed; --op argmax calls argmax2d on the (N*C, H*W) maps,
+one segment a map. After checking that both
 give the same outputs and indices, each round times every side in turn
 (a warm-up, then five timings of about 2 ms of calls); the best of the five
 is that round's time. Prints, per side, the best and the median round in ns
-per plane, and NEW / BASE.
+per plane (map), and NEW / BASE.
 
 This is a developer's tool for a kernel change: it needs git, Cython and gcc,
 and measures one path on this machine. The suite (run_all.py) measures the
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -37,9 +41,15 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The flags setup.py gives the avx2 variant (base_compile_args, OpenMP, variants()).
-CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-tautological-compare",
-          "-fopenmp", "-march=x86-64-v3", "-mtune=generic"]
+
+
+def cflags() -> list:
+    """The C flags setup.py compiles the avx2 variant with."""
+    os.environ.pop("CYPOOL_NATIVE", None)  # the portable variants, not -march=native
+    spec = importlib.util.spec_from_file_location("cypool_setup", os.path.join(ROOT, "setup.py"))
+    setup_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup_py)  # defines the build functions; setup() runs only as __main__
+    return setup_py.compile_args("avx2")
 
 
 def sources(rev: str | None, dest: str) -> str:
@@ -79,8 +89,8 @@ def build(rev: str | None, name: str, out_dir: str) -> None:
                    check=True, capture_output=True)
     so = os.path.join(out_dir, name + sysconfig.get_config_var("EXT_SUFFIX"))
     cc = os.environ.get("CC", "gcc")
-    subprocess.run([cc, "-shared", "-fPIC", *CFLAGS, "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION",
-                    "-I" + sysconfig.get_paths()["include"], "-I" + np.get_include(), "-I" + pkg,
+    subprocess.run([cc, "-shared", "-fPIC", *cflags(),
+                    "-I" + sysconfig.get_paths()["include"], "-I" + pkg,
                     c_file, "-o", so], check=True)
     shutil.rmtree(src, ignore_errors=True)
 
@@ -89,6 +99,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("base")
     ap.add_argument("new", nargs="?")
+    ap.add_argument("--op", default="maxpool", choices=["maxpool", "argmax"])
     ap.add_argument("--shape", default="16,256,28,28")
     ap.add_argument("--kernel", type=int, default=3)
     ap.add_argument("--stride", type=int, default=1)
@@ -115,8 +126,16 @@ def main(argv=None):
     bufs = {tag: (np.empty((P, OH, OW), np.float32), np.empty((P, OH, OW), args.index_dtype))
             for tag in mods}
 
+    if args.op == "argmax":
+        maps = planes.reshape(P, H * W)
+        bufs = {tag: (np.empty(P, np.float32), np.empty((P, 2), args.index_dtype))
+                for tag in mods}
+
     def call(tag):
         out, idx = bufs[tag]
+        if args.op == "argmax":
+            mods[tag].argmax2d(maps, out, idx, W, 1, args.threads)
+            return
         mods[tag].max_pool2d_forward(planes, out, idx, True, False, True,
                                      k, k, s, s, p, p, 1, 1, args.threads)
 

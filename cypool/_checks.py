@@ -400,3 +400,38 @@ def grad_output_arg(grad_output, dtype: np.dtype, want: tuple) -> np.ndarray:
     if g.shape != want:
         raise ValueError(f"grad_output must have shape {want} for this x and weight, got {g.shape}")
     return g
+
+
+def vector_conv_args(x, weight, stride, padding, dilation, xname: str = "x"):
+    """The vector convolution's arrays and parameters, checked:
+    (x as 5-D, weight, batched?, ((kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW)))."""
+    x, weight = conv_arrays(x, weight, (4, 5), xname)
+    batched = x.ndim == 5
+    x5 = x if batched else x[None]
+    N, C, H, W, E = x5.shape
+    O, _, kh, kw = weight.shape
+    conv_channels(C, weight.shape, xname)
+    sh, sw, ph, pw, dh, dw = step_params(stride, padding, dilation)
+    OH, OW = conv_geometry(H, W, kh, kw, hashable((sh, sw)), hashable((ph, pw)),
+                           hashable((dh, dw)))[-2:]
+    return x5, weight, batched, ((kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW))
+
+
+def cached_conv_checks(cache: dict, check, x, weight, stride, padding, dilation):
+    """check(x, weight, stride, padding, dilation), which returns (x with its
+    batch axis, weight, batched?, what the checks gave), skipped for a call
+    whose array shapes and dtypes and int parameters already passed them: a
+    training loop repeats its calls. Only ndarrays and plain ints make a key;
+    cache keeps up to 256."""
+    key = None
+    if (type(x) is np.ndarray and type(weight) is np.ndarray and type(stride) is int
+            and type(padding) is int and type(dilation) is int):
+        key = (x.shape, x.dtype, weight.shape, weight.dtype, stride, padding, dilation)
+        hit = cache.get(key)
+        if hit is not None:
+            batched, result = hit
+            return (x if batched else x[None]), weight, batched, result
+    xb, weight, batched, result = check(x, weight, stride, padding, dilation)
+    if key is not None and len(cache) < 256:
+        cache[key] = (batched, result)
+    return xb, weight, batched, result

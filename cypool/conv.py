@@ -79,25 +79,18 @@ def _plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str) -
     return _Plan((N, O, OH, OW), forward, input_grad, weight_grad, col2im)
 
 
-# Shapes, dtypes and plain-int parameters that passed the checks, and their
-# plan: a call that repeats them (a training loop) skips the checks.
+# Calls that passed the checks, and their plan (chk.cached_conv_checks).
 _checked: dict = {}
 
 
 def _checked_plan(x, weight, stride, padding, dilation):
     """(x as 4-D, weight, batched?, plan), checked, or from _checked."""
-    key = None
-    if (type(x) is np.ndarray and type(weight) is np.ndarray and type(stride) is int
-            and type(padding) is int and type(dilation) is int):
-        key = (x.shape, x.dtype, weight.shape, weight.dtype, stride, padding, dilation)
-        hit = _checked.get(key)
-        if hit is not None:
-            plan, batched = hit
-            return (x if batched else x[None]), weight, batched, plan
+    return chk.cached_conv_checks(_checked, _check_plan, x, weight, stride, padding, dilation)
+
+
+def _check_plan(x, weight, stride, padding, dilation):
     x4, weight, batched = _arrays(x, weight)
     plan = _plan(x4.shape, weight.shape, _key(stride), _key(padding), _key(dilation), "x")
-    if key is not None and len(_checked) < 256:
-        _checked[key] = (plan, batched)
     return x4, weight, batched, plan
 
 

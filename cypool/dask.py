@@ -335,7 +335,7 @@ def _conv_checks(x, weight, stride, padding, dilation, num_threads):
     the in-memory checks."""
     x = _dask(x, "x")
     weight = _small(weight)
-    _, _, weight, geom, out_hw = _vconv._check_conv_args(_shadow(x), weight, stride, padding, dilation)
+    _, weight, _, (geom, out_hw) = chk.vector_conv_args(_shadow(x), weight, stride, padding, dilation)
     return x, weight, geom, out_hw, _threads(num_threads)
 
 

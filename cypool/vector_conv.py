@@ -31,40 +31,16 @@ def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
     return E if ec >= E else ec
 
 
-# Shapes, dtypes and plain-int parameters that passed the checks, and what
-# the checks gave: a call that repeats them skips the checks.
+# Calls that passed the checks, and what the checks gave (chk.cached_conv_checks).
 _checked: dict = {}
 
 
 def _conv_args(x, weight, stride, padding, dilation):
     """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW)), or
     from _checked."""
-    if not (type(x) is np.ndarray and type(weight) is np.ndarray and type(stride) is int
-            and type(padding) is int and type(dilation) is int):
-        return _check_conv_args(x, weight, stride, padding, dilation)
-    key = (x.shape, x.dtype, weight.shape, weight.dtype, stride, padding, dilation)
-    hit = _checked.get(key)
-    if hit is None:
-        x5, batched, weight, geom, out_hw = _check_conv_args(x, weight, stride, padding, dilation)
-        if len(_checked) < 256:
-            _checked[key] = (batched, geom, out_hw)
-        return x5, batched, weight, geom, out_hw
-    batched, geom, out_hw = hit
-    return (x if batched else x[None]), batched, weight, geom, out_hw
-
-
-def _check_conv_args(x, weight, stride, padding, dilation, xname="x"):
-    """The checks of _conv_args."""
-    x, weight = chk.conv_arrays(x, weight, (4, 5), xname)
-    batched = x.ndim == 5
-    x5 = x if batched else x[None]
-    N, C, H, W, E = x5.shape
-    O, _, kh, kw = weight.shape
-    chk.conv_channels(C, weight.shape, xname)
-    sh, sw, ph, pw, dh, dw = chk.step_params(stride, padding, dilation)
-    OH, OW = chk.conv_geometry(H, W, kh, kw, chk.hashable((sh, sw)), chk.hashable((ph, pw)),
-                               chk.hashable((dh, dw)))[-2:]
-    return x5, batched, weight, (kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW)
+    x5, weight, batched, (geom, out_hw) = chk.cached_conv_checks(
+        _checked, chk.vector_conv_args, x, weight, stride, padding, dilation)
+    return x5, batched, weight, geom, out_hw
 
 
 # Up to these many components per pixel, the convolution (forward, and
