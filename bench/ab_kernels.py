@@ -134,10 +134,11 @@ def main(argv=None):
     def call(tag):
         out, idx = bufs[tag]
         if args.op == "argmax":
-            mods[tag].argmax2d(maps, out, idx, W, 1, args.threads)
+            mods[tag].argmax2d(maps, out, idx, W=W, segments=1, num_threads=args.threads)
             return
-        mods[tag].max_pool2d_forward(planes, out, idx, True, False, True,
-                                     k, k, s, s, p, p, 1, 1, args.threads)
+        mods[tag].max_pool2d_forward(planes, out, idx, with_indices=True, scalar_only=False,
+                                     stream_indices=True, kh=k, kw=k, sh=s, sw=s, ph=p, pw=p,
+                                     dh=1, dw=1, num_threads=args.threads)
 
     for tag in mods:
         call(tag)

@@ -23,6 +23,7 @@ the threaded scheduler against the in-memory call.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 from functools import partial
 
@@ -104,12 +105,12 @@ def main(argv=None):
                 x.shape, dtype=x.dtype, chunks=chunks))
             distributed.wait(Xc)
 
-            calls: list = []
+            call_number = itertools.count()
 
             def on_cluster():
                 # keys of its own (a result still in memory would be reused)
-                calls.append(None)
-                r = client.persist(lazy(Xc).map_blocks(_same, dtype=Xc.dtype, token=f"c{len(calls)}"))
+                r = client.persist(lazy(Xc).map_blocks(_same, dtype=Xc.dtype,
+                                                       token=f"c{next(call_number)}"))
                 distributed.wait(r)
                 del r
             fns["cluster"] = on_cluster

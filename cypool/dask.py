@@ -72,11 +72,6 @@ def _shadow(x: da.Array) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype=x.dtype), x.shape)
 
 
-def _threads(num_threads):
-    chk.num_threads_arg(num_threads)
-    return num_threads
-
-
 def _small(x):
     """A small operand (weight, bias) as numpy, or None: a dask one is
     computed, the rest is left to the in-memory checks."""
@@ -134,13 +129,14 @@ def _counter(geometry, axis: int):
     return count
 
 
-def _spatial_grid(x: da.Array, H: int, W: int, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, geometry,
-                  hw_axes=(-2, -1)):
-    """(row blocks, column blocks) of _axis_blocks that cut the (OH, OW)
-    output of x, whose rows and columns are the axes hw_axes."""
+def _spatial_grid(x: da.Array, window: tuple, out_hw: tuple, geometry, hw_axes=(-2, -1)):
+    """(row blocks, column blocks) of _axis_blocks that cut the out_hw
+    output of x, whose rows and columns are the axes hw_axes, for windows
+    (kh, kw, sh, sw, ph, pw, dh, dw)."""
     ah, aw = (a % x.ndim for a in hw_axes)
-    rows = _axis_blocks(H, x.chunks[ah], kh, sh, ph, dh, OH, _counter(geometry, 0))
-    cols = _axis_blocks(W, x.chunks[aw], kw, sw, pw, dw, OW, _counter(geometry, 1))
+    kh, kw, sh, sw, ph, pw, dh, dw = window
+    rows = _axis_blocks(x.shape[ah], x.chunks[ah], kh, sh, ph, dh, out_hw[0], _counter(geometry, 0))
+    cols = _axis_blocks(x.shape[aw], x.chunks[aw], kw, sw, pw, dw, out_hw[1], _counter(geometry, 1))
     return rows, cols
 
 
@@ -211,7 +207,7 @@ def argmax2d(x, *, return_values=False, index_dtype=np.int64, num_threads=1):
     chk.array(_shadow(x), "x", tuple(range(2, 33)))
     H, W = x.shape[-2:]
     idt = chk.index_dtype_arg(index_dtype, max(H, W))
-    nt = _threads(num_threads)
+    nt = chk.num_threads_arg(num_threads) or None
     rec = _partials_dtype(x.dtype)
     lead, ndim = x.chunks[:-2], x.ndim
     parts = x.map_blocks(partial(_argmax_partial, W=W, num_threads=nt), dtype=rec,
@@ -262,16 +258,15 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     H, W = x.shape[-2:]
     ceil_mode = bool(ceil_mode)
     geom = chk.pool_geometry(H, W, kernel_size, stride, padding, dilation, ceil_mode)
-    kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = geom
     idt = chk.index_dtype_arg(index_dtype, H * W) if return_indices else None
-    nt = _threads(num_threads)
+    nt = chk.num_threads_arg(num_threads) or None
     params = (kernel_size, stride, padding, dilation, ceil_mode)
 
     def geometry(length, axis):
         hw = (length, W) if axis == 0 else (H, length)
         return chk.pool_geometry(*hw, kernel_size, stride, padding, dilation, ceil_mode)[8 + axis]
 
-    rows, cols = _spatial_grid(x, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, geometry)
+    rows, cols = _spatial_grid(x, geom[:8], geom[8:], geometry)
     outs, idxs = [], []
     for r in rows:
         orow, irow = [], []
@@ -310,7 +305,7 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=1):
     g = _dask(grad_output, "grad_output")
     ix = _dask(indices, "indices")
     _, _, ishadow, shape = _pooling.backward_args(_shadow(g), _shadow(ix), input_shape)
-    nt = _threads(num_threads)
+    nt = chk.num_threads_arg(num_threads) or None
     H, W = shape[-2:]
     g = g.rechunk({g.ndim - 2: -1, g.ndim - 1: -1})
     ix = ix.rechunk(g.chunks).astype(ishadow.dtype, copy=False)
@@ -336,7 +331,7 @@ def _conv_checks(x, weight, stride, padding, dilation, num_threads):
     x = _dask(x, "x")
     weight = _small(weight)
     _, weight, _, (geom, out_hw) = chk.vector_conv_args(_shadow(x), weight, stride, padding, dilation)
-    return x, weight, geom, out_hw, _threads(num_threads)
+    return x, weight, geom, out_hw, chk.num_threads_arg(num_threads) or None
 
 
 def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_threads=1):
@@ -359,7 +354,7 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
         return chk.conv_geometry(*hw, kh, kw, chk.hashable((sh, sw)), chk.hashable((ph, pw)),
                                  chk.hashable((dh, dw)))[8 + axis]
 
-    rows, cols = _spatial_grid(x, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, geometry, (-3, -2))
+    rows, cols = _spatial_grid(x, geom, (OH, OW), geometry, (-3, -2))
     grid = []
     for r in rows:
         row = []

@@ -1,6 +1,7 @@
 """Helpers shared by the tests (fixtures live in conftest.py)."""
 import os
 
+import numpy as np
 import pytest
 
 
@@ -19,3 +20,17 @@ def cypool_subprocess_env(drop=()):
     if os.path.basename(root) not in ("site-packages", "dist-packages"):
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def pool_kernel(mod, planes, geometry, *, index_dtype=np.int64, scalar_only=False,
+                stream_indices=False, num_threads=1):
+    """(out, indices) of kernel module mod's max_pool2d_forward on (P, H, W)
+    planes, called directly on fresh outputs; geometry is what
+    cypool._checks.pool_geometry returns."""
+    kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = geometry
+    out = np.empty((planes.shape[0], OH, OW), planes.dtype)
+    idx = np.empty(out.shape, index_dtype)
+    mod.max_pool2d_forward(planes, out, idx, with_indices=True, scalar_only=scalar_only,
+                           stream_indices=stream_indices, kh=kh, kw=kw, sh=sh, sw=sw,
+                           ph=ph, pw=pw, dh=dh, dw=dw, num_threads=num_threads)
+    return out, idx

@@ -5,7 +5,7 @@ import pytest
 import cypool
 from cypool._backend import module_for
 import reference as ref
-from helpers import torch_or_skip
+from helpers import pool_kernel, torch_or_skip
 
 
 def random_config(rng):
@@ -289,11 +289,9 @@ def test_scalar_path_for_huge_planes_agrees(rng, trial):
     x = ref.random_values(rng, shape, np.float64, ties=True, specials=trial % 2 == 1)
     planes = x.reshape(-1, *shape[-2:])
     out, idx = cypool.max_pool2d(x, **cfg, return_indices=True)
-    kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = cypool._checks.pool_geometry(
+    geometry = cypool._checks.pool_geometry(
         shape[2], shape[3], cfg["kernel_size"], cfg["stride"], cfg["padding"], cfg["dilation"], cfg["ceil_mode"])
-    o2 = np.empty((planes.shape[0], OH, OW), planes.dtype)
-    i2 = np.empty((planes.shape[0], OH, OW), np.int64)
-    module_for("max_pool2d_forward").max_pool2d_forward(planes, o2, i2, True, True, False, kh, kw, sh, sw, ph, pw, dh, dw, 1)
+    o2, i2 = pool_kernel(module_for("max_pool2d_forward"), planes, geometry, scalar_only=True)
     assert_same(o2.reshape(out.shape), out)
     assert_same(i2.reshape(idx.shape), idx)
 

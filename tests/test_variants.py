@@ -11,7 +11,7 @@ import pytest
 import cypool
 from cypool import _backend
 import reference as ref
-from helpers import cypool_subprocess_env
+from helpers import cypool_subprocess_env, pool_kernel
 
 
 def test_chosen_variant_is_one_that_was_built():
@@ -34,19 +34,16 @@ def test_variant_matches_reference(rng, isa):
                              ((1, 4, 20, 9), (3, 2, 1)), ((2, 2, 11, 12), (4, 3, 2))]:
         for dtype in (np.float32, np.float64):
             x = ref.random_values(rng, shape, dtype, ties=True, specials=True)
-            kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = cypool._checks.pool_geometry(
-                shape[2], shape[3], k, s, p, 1, False)
+            geometry = cypool._checks.pool_geometry(shape[2], shape[3], k, s, p, 1, False)
             planes = np.ascontiguousarray(x).reshape(-1, *shape[2:])
-            out = np.empty((planes.shape[0], OH, OW), x.dtype)
-            idx = np.empty(out.shape, np.int64)
-            mod.max_pool2d_forward(planes, out, idx, True, False, False, kh, kw, sh, sw, ph, pw, dh, dw, 2)
+            out, idx = pool_kernel(mod, planes, geometry, num_threads=2)
             rout, ridx = ref.max_pool2d(x, k, s, p)
             np.testing.assert_array_equal(out.reshape(rout.shape), rout)
             np.testing.assert_array_equal(idx.reshape(ridx.shape), ridx)
             maps = planes.reshape(planes.shape[0], -1)
             vals = np.empty(maps.shape[0], x.dtype)
             coords = np.empty((maps.shape[0], 2), np.int64)
-            mod.argmax2d(maps, vals, coords, shape[3], 1, 2)
+            mod.argmax2d(maps, vals, coords, W=shape[3], segments=1, num_threads=2)
             flat = maps.argmax(-1)
             np.testing.assert_array_equal(coords[:, 0] * shape[3] + coords[:, 1], flat)
 
