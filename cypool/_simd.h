@@ -1,15 +1,18 @@
-/* The loops gcc does not vectorise well from Cython:
+/* The loops gcc does not vectorise well from Cython, written with
+ * intrinsics:
  *
- * - the chunk scans of the argmax kernel (cypool/_argmax.pxi):
+ * - the chunk scans of the argmax kernel (cypool/_argmax.pxi), an AVX2 copy
+ *   (x86-64-v3 and v4 builds) and an SSE2 copy (baseline), plain loops
+ *   elsewhere. gcc 12 does not vectorise a NaN-aware max written in Cython.
  *   cypool_chunk_max_* returns 1 if x[:n] holds a NaN and sets *out to the
- *   maximum of the non-NaN values (or -inf); cypool_first_* finds where a
- *   chunk's maximum (or first NaN) came from. gcc 12 does not vectorise a
- *   NaN-aware max written in Cython; these are written once with GCC vector
- *   types of the variant's width (plain loops elsewhere);
+ *   maximum of the non-NaN values (or -inf): MAXPS computes exactly
+ *   v > m ? v : m, and CMPUNORDPS flags NaN. cypool_first_* finds where a
+ *   chunk's maximum (or first NaN) came from. The same loops written once
+ *   with GCC vector types measured slower, even with MAXPS and MOVMSKPS
+ *   kept as the target's instructions (docs/performance.md);
  * - the streaming stores of the max-pool indices, and the float32 passes of
- *   the flat 3x3 max pool that carry them: AVX2 intrinsics, as gcc has no
- *   generic non-temporal store (plain stores and the Cython passes where
- *   AVX2 is absent).
+ *   the flat 3x3 max pool that carry them (AVX2; gcc has no generic
+ *   non-temporal store).
  */
 #ifndef CYPOOL_SIMD_H
 #define CYPOOL_SIMD_H
@@ -17,100 +20,205 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _MSC_VER
+#include <intrin.h>
+static inline int cypool_ctz(unsigned m) { unsigned long i; _BitScanForward(&i, m); return (int)i; }
+#else
+#define cypool_ctz(m) __builtin_ctz(m)
+#endif
 /* The chunk-max loops read the maps once, front to back, so the input's
  * speed is that of memory: they prefetch 4 KiB ahead (the best distance
  * measured, docs/performance.md). Each loop iteration reads 64 or 128 bytes. */
 #define CYPOOL_PREFETCH_BYTES 4096
+#define CYPOOL_PREFETCH_64(p) \
+    _mm_prefetch((const char *)(p) + CYPOOL_PREFETCH_BYTES, _MM_HINT_T0)
+#define CYPOOL_PREFETCH_128(p) \
+    do { CYPOOL_PREFETCH_64(p); CYPOOL_PREFETCH_64((const char *)(p) + 64); } while (0)
 
 #if defined(__AVX2__)
 #include <immintrin.h>
+
+/* The AVX2 variant (x86-64-v3 build): the same loops on 256-bit vectors. */
+static inline int cypool_chunk_max_f32(const float *x, ptrdiff_t n, float *out)
+{
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m256 u0 = _mm256_setzero_ps(), u1 = u0, u2 = u0, u3 = u0;
+    ptrdiff_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        CYPOOL_PREFETCH_128(x + i);
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        __m256 c = _mm256_loadu_ps(x + i + 16), d = _mm256_loadu_ps(x + i + 24);
+        m0 = _mm256_max_ps(a, m0); m1 = _mm256_max_ps(b, m1);
+        m2 = _mm256_max_ps(c, m2); m3 = _mm256_max_ps(d, m3);
+        u0 = _mm256_or_ps(u0, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+        u1 = _mm256_or_ps(u1, _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+        u2 = _mm256_or_ps(u2, _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        u3 = _mm256_or_ps(u3, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+    }
+    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    u0 = _mm256_or_ps(_mm256_or_ps(u0, u1), _mm256_or_ps(u2, u3));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m0);
+    float m = lanes[0];
+    for (int l = 1; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+    int nan = _mm256_movemask_ps(u0) != 0;
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    *out = m;
+    return nan;
+}
+
+static inline int cypool_chunk_max_f64(const double *x, ptrdiff_t n, double *out)
+{
+    __m256d m0 = _mm256_set1_pd(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m256d u0 = _mm256_setzero_pd(), u1 = u0, u2 = u0, u3 = u0;
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        CYPOOL_PREFETCH_128(x + i);
+        __m256d a = _mm256_loadu_pd(x + i), b = _mm256_loadu_pd(x + i + 4);
+        __m256d c = _mm256_loadu_pd(x + i + 8), d = _mm256_loadu_pd(x + i + 12);
+        m0 = _mm256_max_pd(a, m0); m1 = _mm256_max_pd(b, m1);
+        m2 = _mm256_max_pd(c, m2); m3 = _mm256_max_pd(d, m3);
+        u0 = _mm256_or_pd(u0, _mm256_cmp_pd(a, a, _CMP_UNORD_Q));
+        u1 = _mm256_or_pd(u1, _mm256_cmp_pd(b, b, _CMP_UNORD_Q));
+        u2 = _mm256_or_pd(u2, _mm256_cmp_pd(c, c, _CMP_UNORD_Q));
+        u3 = _mm256_or_pd(u3, _mm256_cmp_pd(d, d, _CMP_UNORD_Q));
+    }
+    m0 = _mm256_max_pd(_mm256_max_pd(m0, m1), _mm256_max_pd(m2, m3));
+    u0 = _mm256_or_pd(_mm256_or_pd(u0, u1), _mm256_or_pd(u2, u3));
+    double lanes[4];
+    _mm256_storeu_pd(lanes, m0);
+    double m = lanes[0];
+    for (int l = 1; l < 4; l++) m = lanes[l] > m ? lanes[l] : m;
+    int nan = _mm256_movemask_pd(u0) != 0;
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    *out = m;
+    return nan;
+}
+
+static inline ptrdiff_t cypool_first_f32(const float *x, ptrdiff_t n, float t, int want_nan)
+{
+    __m256 tv = _mm256_set1_ps(t);
+    ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        int mask = _mm256_movemask_ps(want_nan ? _mm256_cmp_ps(a, a, _CMP_UNORD_Q)
+                                               : _mm256_cmp_ps(a, tv, _CMP_EQ_OQ));
+        if (mask) return i + cypool_ctz(mask);
+    }
+    for (; i < n; i++)
+        if (want_nan ? x[i] != x[i] : x[i] == t) return i;
+    return 0;
+}
+
+static inline ptrdiff_t cypool_first_f64(const double *x, ptrdiff_t n, double t, int want_nan)
+{
+    __m256d tv = _mm256_set1_pd(t);
+    ptrdiff_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m256d a = _mm256_loadu_pd(x + i);
+        int mask = _mm256_movemask_pd(want_nan ? _mm256_cmp_pd(a, a, _CMP_UNORD_Q)
+                                               : _mm256_cmp_pd(a, tv, _CMP_EQ_OQ));
+        if (mask) return i + cypool_ctz(mask);
+    }
+    for (; i < n; i++)
+        if (want_nan ? x[i] != x[i] : x[i] == t) return i;
+    return 0;
+}
+
 #elif defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
-#endif
 
-#if defined(__GNUC__) && (defined(__SSE2__) || defined(__AVX2__))
-/* The chunk scans, written once with GCC vector types of the variant's
- * width: 32 bytes in the AVX2 build (and in the AVX-512 one, which keeps
- * 256-bit vectors, -mprefer-vector-width=256), 16 in the baseline. Two
- * primitives are the target's instructions, as gcc has no generic
- * spelling for them: MAXPS (v > m ? v : m in one instruction, where gcc
- * makes a compare and a blend) and MOVMSKPS (the lanes set, as bits). */
-#if defined(__AVX2__)
-#define CYPOOL_SCAN_VBYTES 32
-#define CYPOOL_SCAN_MAX_f32(v, m) _mm256_max_ps(v, m)
-#define CYPOOL_SCAN_MAX_f64(v, m) _mm256_max_pd(v, m)
-#define CYPOOL_SCAN_BITS_f32(t) _mm256_movemask_ps((__m256)(t))
-#define CYPOOL_SCAN_BITS_f64(t) _mm256_movemask_pd((__m256d)(t))
-#else
-#define CYPOOL_SCAN_VBYTES 16
-#define CYPOOL_SCAN_MAX_f32(v, m) _mm_max_ps(v, m)
-#define CYPOOL_SCAN_MAX_f64(v, m) _mm_max_pd(v, m)
-#define CYPOOL_SCAN_BITS_f32(t) _mm_movemask_ps((__m128)(t))
-#define CYPOOL_SCAN_BITS_f64(t) _mm_movemask_pd((__m128d)(t))
-#endif
-#define CYPOOL_CHUNK_SCANS(T, M, SUF)                                            \
-typedef T cypool_scan_v##SUF __attribute__((vector_size(CYPOOL_SCAN_VBYTES)));  \
-typedef M cypool_scan_m##SUF __attribute__((vector_size(CYPOOL_SCAN_VBYTES)));  \
-static inline cypool_scan_v##SUF cypool_scan_load_##SUF(const T *p)             \
-{                                                                                \
-    cypool_scan_v##SUF v;                                                        \
-    memcpy(&v, p, sizeof v);                                                     \
-    return v;                                                                    \
-}                                                                                \
-/* v > m ? v : m lane by lane: a NaN in v never replaces m. */                  \
-static inline cypool_scan_v##SUF cypool_scan_max_##SUF(cypool_scan_v##SUF v,     \
-                                                       cypool_scan_v##SUF m)     \
-{                                                                                \
-    return CYPOOL_SCAN_MAX_##SUF(v, m);                                          \
-}                                                                                \
-static inline int cypool_chunk_max_##SUF(const T *x, ptrdiff_t n, T *out)        \
-{                                                                                \
-    enum { L = CYPOOL_SCAN_VBYTES / sizeof(T) };                                 \
-    cypool_scan_v##SUF m0 = (cypool_scan_v##SUF){0} + (T)-INFINITY;              \
-    cypool_scan_v##SUF m1 = m0, m2 = m0, m3 = m0;                                \
-    cypool_scan_m##SUF u0 = {0}, u1 = u0, u2 = u0, u3 = u0;                      \
-    ptrdiff_t i = 0;                                                             \
-    for (; i + 4 * L <= n; i += 4 * L) {                                         \
-        for (int line = 0; line < 4 * CYPOOL_SCAN_VBYTES; line += 64)            \
-            __builtin_prefetch((const char *)(x + i) + CYPOOL_PREFETCH_BYTES + line, 0, 3); \
-        cypool_scan_v##SUF a = cypool_scan_load_##SUF(x + i);                    \
-        cypool_scan_v##SUF b = cypool_scan_load_##SUF(x + i + L);                \
-        cypool_scan_v##SUF c = cypool_scan_load_##SUF(x + i + 2 * L);            \
-        cypool_scan_v##SUF d = cypool_scan_load_##SUF(x + i + 3 * L);            \
-        m0 = cypool_scan_max_##SUF(a, m0); m1 = cypool_scan_max_##SUF(b, m1);    \
-        m2 = cypool_scan_max_##SUF(c, m2); m3 = cypool_scan_max_##SUF(d, m3);    \
-        u0 |= a != a; u1 |= b != b; u2 |= c != c; u3 |= d != d;                  \
-    }                                                                            \
-    m0 = cypool_scan_max_##SUF(cypool_scan_max_##SUF(m0, m1),                    \
-                               cypool_scan_max_##SUF(m2, m3));                   \
-    u0 |= u1 | u2 | u3;                                                          \
-    T m = m0[0];                                                                 \
-    int nan = CYPOOL_SCAN_BITS_##SUF(u0) != 0;                                    \
-    for (int l = 1; l < L; l++)                                                  \
-        m = m0[l] > m ? m0[l] : m;                                               \
-    for (; i < n; i++) {                                                         \
-        m = x[i] > m ? x[i] : m;                                                 \
-        nan |= x[i] != x[i];                                                     \
-    }                                                                            \
-    *out = m;                                                                    \
-    return nan;                                                                  \
-}                                                                                \
-/* First i with x[i] == t (t not NaN), or with x[i] NaN when want_nan.   */    \
-static inline ptrdiff_t cypool_first_##SUF(const T *x, ptrdiff_t n, T t, int want_nan) \
-{                                                                                \
-    enum { L = CYPOOL_SCAN_VBYTES / sizeof(T) };                                 \
-    ptrdiff_t i = 0;                                                             \
-    for (; i + L <= n; i += L) {                                                 \
-        cypool_scan_v##SUF a = cypool_scan_load_##SUF(x + i);                    \
-        int hit = CYPOOL_SCAN_BITS_##SUF(want_nan ? (a != a) : (a == t));         \
-        if (hit) return i + __builtin_ctz((unsigned)hit);                        \
-    }                                                                            \
-    for (; i < n; i++)                                                           \
-        if (want_nan ? x[i] != x[i] : x[i] == t) return i;                       \
-    return 0;                                                                    \
+static inline int cypool_chunk_max_f32(const float *x, ptrdiff_t n, float *out)
+{
+    __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m128 u0 = _mm_setzero_ps(), u1 = u0, u2 = u0, u3 = u0;
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        CYPOOL_PREFETCH_64(x + i);
+        __m128 a = _mm_loadu_ps(x + i), b = _mm_loadu_ps(x + i + 4);
+        __m128 c = _mm_loadu_ps(x + i + 8), d = _mm_loadu_ps(x + i + 12);
+        m0 = _mm_max_ps(a, m0); m1 = _mm_max_ps(b, m1);
+        m2 = _mm_max_ps(c, m2); m3 = _mm_max_ps(d, m3);
+        u0 = _mm_or_ps(u0, _mm_cmpunord_ps(a, a)); u1 = _mm_or_ps(u1, _mm_cmpunord_ps(b, b));
+        u2 = _mm_or_ps(u2, _mm_cmpunord_ps(c, c)); u3 = _mm_or_ps(u3, _mm_cmpunord_ps(d, d));
+    }
+    m0 = _mm_max_ps(_mm_max_ps(m0, m1), _mm_max_ps(m2, m3));
+    u0 = _mm_or_ps(_mm_or_ps(u0, u1), _mm_or_ps(u2, u3));
+    float lanes[4];
+    _mm_storeu_ps(lanes, m0);
+    float m = lanes[0];
+    for (int l = 1; l < 4; l++) m = lanes[l] > m ? lanes[l] : m;
+    int nan = _mm_movemask_ps(u0) != 0;
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    *out = m;
+    return nan;
 }
-CYPOOL_CHUNK_SCANS(float, int32_t, f32)
-CYPOOL_CHUNK_SCANS(double, int64_t, f64)
+
+static inline int cypool_chunk_max_f64(const double *x, ptrdiff_t n, double *out)
+{
+    __m128d m0 = _mm_set1_pd(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m128d u0 = _mm_setzero_pd(), u1 = u0, u2 = u0, u3 = u0;
+    ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        CYPOOL_PREFETCH_64(x + i);
+        __m128d a = _mm_loadu_pd(x + i), b = _mm_loadu_pd(x + i + 2);
+        __m128d c = _mm_loadu_pd(x + i + 4), d = _mm_loadu_pd(x + i + 6);
+        m0 = _mm_max_pd(a, m0); m1 = _mm_max_pd(b, m1);
+        m2 = _mm_max_pd(c, m2); m3 = _mm_max_pd(d, m3);
+        u0 = _mm_or_pd(u0, _mm_cmpunord_pd(a, a)); u1 = _mm_or_pd(u1, _mm_cmpunord_pd(b, b));
+        u2 = _mm_or_pd(u2, _mm_cmpunord_pd(c, c)); u3 = _mm_or_pd(u3, _mm_cmpunord_pd(d, d));
+    }
+    m0 = _mm_max_pd(_mm_max_pd(m0, m1), _mm_max_pd(m2, m3));
+    u0 = _mm_or_pd(_mm_or_pd(u0, u1), _mm_or_pd(u2, u3));
+    double lanes[2];
+    _mm_storeu_pd(lanes, m0);
+    double m = lanes[1] > lanes[0] ? lanes[1] : lanes[0];
+    int nan = _mm_movemask_pd(u0) != 0;
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    *out = m;
+    return nan;
+}
+
+/* First i with x[i] == t (t not NaN), or with x[i] NaN when want_nan. */
+static inline ptrdiff_t cypool_first_f32(const float *x, ptrdiff_t n, float t, int want_nan)
+{
+    __m128 tv = _mm_set1_ps(t);
+    ptrdiff_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m128 a = _mm_loadu_ps(x + i);
+        int mask = _mm_movemask_ps(want_nan ? _mm_cmpunord_ps(a, a) : _mm_cmpeq_ps(a, tv));
+        if (mask) return i + cypool_ctz(mask);
+    }
+    for (; i < n; i++)
+        if (want_nan ? x[i] != x[i] : x[i] == t) return i;
+    return 0;
+}
+
+static inline ptrdiff_t cypool_first_f64(const double *x, ptrdiff_t n, double t, int want_nan)
+{
+    __m128d tv = _mm_set1_pd(t);
+    ptrdiff_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        __m128d a = _mm_loadu_pd(x + i);
+        int mask = _mm_movemask_pd(want_nan ? _mm_cmpunord_pd(a, a) : _mm_cmpeq_pd(a, tv));
+        if (mask) return i + cypool_ctz(mask);
+    }
+    for (; i < n; i++)
+        if (want_nan ? x[i] != x[i] : x[i] == t) return i;
+    return 0;
+}
 #else
 #define CYPOOL_FIRST(T, NAME)                                            \
     static inline ptrdiff_t NAME(const T *x, ptrdiff_t n, T t, int want_nan) \
