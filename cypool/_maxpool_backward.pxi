@@ -203,6 +203,30 @@ def max_unpool2d(const value_t[:, ::1] x,            # IN  (P, H*W)
     return bad
 
 
+cdef int _unpool_backward_planes(const value_t[:, ::1] grad_output, const index_t[:, ::1] indices,
+                                 value_t[:, ::1] grad_input,
+                                 Py_ssize_t p0, Py_ssize_t p1) noexcept nogil:
+    """Planes [p0, p1), with a writer table of this thread's own; 1 when out
+    of memory."""
+    cdef Py_ssize_t n = indices.shape[1], p, q
+    cdef Py_ssize_t* writer = <Py_ssize_t*>malloc(grad_output.shape[1] * sizeof(Py_ssize_t))
+    cdef const index_t* ix
+    cdef const value_t* go
+    cdef value_t* gi
+    if writer == NULL:
+        return 1
+    for p in range(p0, p1):
+        ix = &indices[p, 0]
+        go = &grad_output[p, 0]
+        gi = &grad_input[p, 0]
+        for q in range(n):
+            writer[ix[q]] = q
+        for q in range(n):
+            gi[q] = go[ix[q]] if writer[ix[q]] == q else 0
+    free(writer)
+    return 0
+
+
 def max_unpool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
                           const index_t[:, ::1] indices,      # IN  (P, H*W), all in range
                           value_t[:, ::1] grad_input,         # OUT (P, H*W)
@@ -211,28 +235,21 @@ def max_unpool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
     if it is the value that stayed there (the last writer), else zero.
 
     indices must have been checked by max_unpool2d (all in [0, OH*OW))."""
-    cdef Py_ssize_t P = grad_output.shape[0], ohw = grad_output.shape[1]
-    cdef Py_ssize_t n = indices.shape[1], p, q
-    cdef Py_ssize_t* writer
-    cdef const index_t* ix
-    cdef const value_t* go
-    cdef value_t* gi
+    cdef Py_ssize_t P = grad_output.shape[0]
+    cdef int tid
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
-    with nogil, parallel(num_threads=num_threads):
-        writer = <Py_ssize_t*>malloc(ohw * sizeof(Py_ssize_t))
-        if writer == NULL:
-            fail[0] = 1
-        else:
-            for p in prange(P, schedule="static"):
-                ix = &indices[p, 0]
-                go = &grad_output[p, 0]
-                gi = &grad_input[p, 0]
-                for q in range(n):
-                    writer[ix[q]] = q
-                for q in range(n):
-                    gi[q] = go[ix[q]] if writer[ix[q]] == q else 0
-            free(writer)
+    if num_threads == 1:
+        _set_serial_team()
+        with nogil:
+            failed[0] = _unpool_backward_planes(grad_output, indices, grad_input, 0, P)
+    else:
+        with nogil, parallel(num_threads=num_threads):
+            _note_team()
+            tid = threadid()
+            if _unpool_backward_planes(grad_output, indices, grad_input,
+                                       _share_start(P, tid), _share_start(P, tid + 1)):
+                fail[0] = 1
     if failed[0]:
         raise MemoryError("cypool.MaxUnpool2d.backward: out of memory")

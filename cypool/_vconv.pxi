@@ -143,6 +143,42 @@ def channel_block():
     return CYPOOL_VC_OB
 
 
+cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::1] wt,
+                         const floating* bptr, floating[:, :, :, :, ::1] out, const ConvGeom* g,
+                         const floating* zero, Py_ssize_t e_chunk,
+                         Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+    """Output pixels [q0, q1) (pixel q is (n, oh, ow) in row-major order),
+    E in chunks of e_chunk, with buffers of this thread's own; 1 when out
+    of memory."""
+    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, pad, e_lo
+    cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
+    cdef floating** outs = <floating**>malloc(Op * sizeof(void*))
+    cdef floating* scratch = <floating*>malloc(g.E * sizeof(floating))
+    cdef const floating** pp = _pack_new(K, <floating*>NULL)
+    cdef floating* pack = _pack_rows(pp, K)
+    cdef int failed = xs == NULL or outs == NULL or scratch == NULL or pp == NULL
+    if not failed:
+        for pad in range(g.O, Op):
+            outs[pad] = scratch  # padding channels: computed, discarded
+        e_lo = 0
+        while e_lo < g.E:
+            for q in range(q0, q1):
+                n = q // (g.OH * g.OW)
+                oh = (q // g.OW) % g.OH
+                ow = q % g.OW
+                _all_taps(&x[n, 0, 0, 0, 0], g, oh, ow, zero, xs)
+                for o in range(g.O):
+                    outs[o] = &out[n, o, oh, ow, 0]
+                _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, min(e_lo + e_chunk, g.E), Op, outs, bptr,
+                          pack, pp)
+            e_lo = e_lo + e_chunk
+    free(xs)
+    free(outs)
+    free(scratch)
+    free(pp)
+    return failed
+
+
 def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, W, E)
                           const floating[:, ::1] wt,            # IN  (K, Op): weight rows per tap (c, i, j), O padded to Op
                           const floating[::1] bias,             # IN  (Op,), or empty for none
@@ -150,17 +186,14 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
                           Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                           Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw,
                           Py_ssize_t e_chunk, int num_threads):
-    """E is swept in chunks of e_chunk, each over all pixels, so that the
-    tap vectors neighbouring pixels share are still in L2 when reused."""
+    """E is swept in chunks of e_chunk, each over all of a thread's pixels,
+    so that the tap vectors neighbouring pixels share are still in L2 when
+    reused."""
     cdef ConvGeom g
-    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, P, pad, e_lo
-    cdef const floating** xs
-    cdef floating** outs
-    cdef floating* scratch
+    cdef Py_ssize_t P
     cdef floating* zero
-    cdef floating* pack
-    cdef const floating** pp
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
+    cdef int tid
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
@@ -170,37 +203,81 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     zero = <floating*>calloc(g.E, sizeof(floating))  # shared, read-only
     if zero == NULL:
         raise MemoryError("cypool.vector_conv2d: out of memory")
-    with nogil, parallel(num_threads=num_threads):
-        xs = <const floating**>malloc(K * sizeof(void*))
-        outs = <floating**>malloc(Op * sizeof(void*))
-        scratch = <floating*>malloc(g.E * sizeof(floating))
-        pp = _pack_new(K, <floating*>NULL)
-        pack = _pack_rows(pp, K)
-        if xs == NULL or outs == NULL or scratch == NULL or pp == NULL:
-            fail[0] = 1
-        else:
-            for pad in range(g.O, Op):
-                outs[pad] = scratch  # padding channels: computed, discarded
-            e_lo = 0
-            while e_lo < g.E:
-                for q in prange(P, schedule="static"):
-                    _note_team()
-                    n = q // (g.OH * g.OW)
-                    oh = (q // g.OW) % g.OH
-                    ow = q % g.OW
-                    _all_taps(&x[n, 0, 0, 0, 0], &g, oh, ow, zero, xs)
-                    for o in range(g.O):
-                        outs[o] = &out[n, o, oh, ow, 0]
-                    _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, min(e_lo + e_chunk, g.E), Op, outs, bptr,
-                              pack, pp)
-                e_lo = e_lo + e_chunk
-        free(xs)
-        free(outs)
-        free(scratch)
-        free(pp)
+    if num_threads == 1:
+        _set_serial_team()
+        with nogil:
+            failed[0] = _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, 0, P)
+    else:
+        with nogil, parallel(num_threads=num_threads):
+            _note_team()
+            tid = threadid()
+            if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk,
+                               _share_start(P, tid), _share_start(P, tid + 1)):
+                fail[0] = 1
     free(zero)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d: out of memory")
+
+
+cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating[:, ::1] w2,
+                            floating[:, :, :, :, ::1] gx, const ConvGeom* g, Py_ssize_t e_chunk,
+                            Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+    """Input pixels [q0, q1) (pixel q is (n, ih, iw) in row-major order), E
+    in chunks of e_chunk, with buffers of this thread's own; 1 when out of
+    memory."""
+    cdef Py_ssize_t K = w2.shape[0], Cp = w2.shape[1], q, n, ih, iw, i, j, o, c, a, b, oh, ow
+    cdef Py_ssize_t ntaps, pad, e_lo
+    cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
+    cdef floating** outs = <floating**>malloc(Cp * sizeof(void*))
+    cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
+    cdef floating* wbuf = <floating*>malloc(K * Cp * sizeof(floating))
+    cdef floating* scratch = <floating*>malloc(g.E * sizeof(floating))
+    cdef const floating** pp = _pack_new(K, <floating*>NULL)
+    cdef floating* pack = _pack_rows(pp, K)
+    cdef const floating* wrows
+    cdef int failed = (xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL
+                       or scratch == NULL or pp == NULL)
+    if not failed:
+        for pad in range(g.C, Cp):
+            outs[pad] = scratch  # padding channels: computed, discarded
+        e_lo = 0
+        while e_lo < g.E:
+            for q in range(q0, q1):
+                n = q // (g.H * g.W)
+                ih = (q // g.W) % g.H
+                iw = q % g.W
+                ntaps = 0
+                for i in range(g.kh):
+                    a = ih + g.ph - i * g.dh
+                    if a < 0 or a % g.sh != 0 or a // g.sh >= g.OH:
+                        continue
+                    oh = a // g.sh
+                    for j in range(g.kw):
+                        b = iw + g.pw - j * g.dw
+                        if b < 0 or b % g.sw != 0 or b // g.sw >= g.OW:
+                            continue
+                        ow = b // g.sw
+                        for o in range(g.O):
+                            xs[ntaps] = &gout[n, o, oh, ow, 0]
+                            kidx[ntaps] = (i * g.kw + j) * g.O + o
+                            ntaps = ntaps + 1
+                for c in range(g.C):
+                    outs[c] = &gx[n, c, ih, iw, 0]
+                if ntaps == 0:
+                    for c in range(g.C):
+                        memset(outs[c] + e_lo, 0, (min(e_lo + e_chunk, g.E) - e_lo) * sizeof(floating))
+                else:
+                    wrows = _weight_rows(&w2[0, 0], Cp, ntaps, K, kidx, wbuf)
+                    _vc_pixel(ntaps, xs, wrows, Cp, e_lo, min(e_lo + e_chunk, g.E), Cp, outs,
+                              <const floating*>NULL, pack, pp)
+            e_lo = e_lo + e_chunk
+    free(xs)
+    free(outs)
+    free(kidx)
+    free(wbuf)
+    free(scratch)
+    free(pp)
+    return failed
 
 
 def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O, OH, OW, E)
@@ -213,74 +290,62 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
     w[o, c, i, j] * grad_out[n, o, oh, ow]: a gather, so pixels are
     independent. E is swept in chunks, as in the forward."""
     cdef ConvGeom g
-    cdef Py_ssize_t K = w2.shape[0], Cp = w2.shape[1], q, n, ih, iw, i, j, o, c, a, b, oh, ow, ntaps, P, pad, e_lo
-    cdef const floating** xs
-    cdef floating** outs
-    cdef Py_ssize_t* kidx
-    cdef floating* wbuf
-    cdef floating* scratch
-    cdef floating* pack
-    cdef const floating** pp
-    cdef const floating* wrows
+    cdef Py_ssize_t P
+    cdef int tid
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
     _conv_geom(&g, gx.shape[0], gx.shape[1], gx.shape[2], gx.shape[3], gx.shape[4],
                gout.shape[1], gout.shape[2], gout.shape[3], kh, kw, sh, sw, ph, pw, dh, dw)
     P = g.N * g.H * g.W
-    with nogil, parallel(num_threads=num_threads):
-        xs = <const floating**>malloc(K * sizeof(void*))
-        outs = <floating**>malloc(Cp * sizeof(void*))
-        kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
-        wbuf = <floating*>malloc(K * Cp * sizeof(floating))
-        scratch = <floating*>malloc(g.E * sizeof(floating))
-        pp = _pack_new(K, <floating*>NULL)
-        pack = _pack_rows(pp, K)
-        if (xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL or scratch == NULL
-                or pp == NULL):
-            fail[0] = 1
-        else:
-            for pad in range(g.C, Cp):
-                outs[pad] = scratch  # padding channels: computed, discarded
-            e_lo = 0
-            while e_lo < g.E:
-                for q in prange(P, schedule="static"):
-                    n = q // (g.H * g.W)
-                    ih = (q // g.W) % g.H
-                    iw = q % g.W
-                    ntaps = 0
-                    for i in range(g.kh):
-                        a = ih + g.ph - i * g.dh
-                        if a < 0 or a % g.sh != 0 or a // g.sh >= g.OH:
-                            continue
-                        oh = a // g.sh
-                        for j in range(g.kw):
-                            b = iw + g.pw - j * g.dw
-                            if b < 0 or b % g.sw != 0 or b // g.sw >= g.OW:
-                                continue
-                            ow = b // g.sw
-                            for o in range(g.O):
-                                xs[ntaps] = &gout[n, o, oh, ow, 0]
-                                kidx[ntaps] = (i * g.kw + j) * g.O + o
-                                ntaps = ntaps + 1
-                    for c in range(g.C):
-                        outs[c] = &gx[n, c, ih, iw, 0]
-                    if ntaps == 0:
-                        for c in range(g.C):
-                            memset(outs[c] + e_lo, 0, (min(e_lo + e_chunk, g.E) - e_lo) * sizeof(floating))
-                    else:
-                        wrows = _weight_rows(&w2[0, 0], Cp, ntaps, K, kidx, wbuf)
-                        _vc_pixel(ntaps, xs, wrows, Cp, e_lo, min(e_lo + e_chunk, g.E), Cp, outs,
-                                  <const floating*>NULL, pack, pp)
-                e_lo = e_lo + e_chunk
-        free(xs)
-        free(outs)
-        free(kidx)
-        free(wbuf)
-        free(scratch)
-        free(pp)
+    if num_threads == 1:
+        _set_serial_team()
+        with nogil:
+            failed[0] = _input_grad_pixels(gout, w2, gx, &g, e_chunk, 0, P)
+    else:
+        with nogil, parallel(num_threads=num_threads):
+            _note_team()
+            tid = threadid()
+            if _input_grad_pixels(gout, w2, gx, &g, e_chunk,
+                                  _share_start(P, tid), _share_start(P, tid + 1)):
+                fail[0] = 1
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d_backward: out of memory")
+
+
+cdef int _weight_grad_pixels(const floating[:, :, :, :, ::1] gout,
+                             const floating[:, :, :, :, ::1] x, floating* partial,
+                             Py_ssize_t K, const ConvGeom* g,
+                             Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+    """Output pixels [q0, q1) into this thread's (O, K) partial sums, with
+    buffers of its own; 1 when out of memory."""
+    cdef Py_ssize_t q, n, oh, ow, o, t0, ntaps
+    cdef int no, nt
+    cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
+    cdef const floating** gs = <const floating**>malloc(g.O * sizeof(void*))
+    cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
+    cdef int failed = xs == NULL or gs == NULL or kidx == NULL
+    if not failed:
+        for q in range(q0, q1):
+            n = q // (g.OH * g.OW)
+            oh = (q // g.OW) % g.OH
+            ow = q % g.OW
+            ntaps = _forward_taps(&x[n, 0, 0, 0, 0], g, oh, ow, xs, kidx)
+            for o in range(g.O):
+                gs[o] = &gout[n, o, oh, ow, 0]
+            o = 0
+            while o < g.O:
+                no = <int>min(<Py_ssize_t>CYPOOL_VC_OB, g.O - o)
+                t0 = 0
+                while t0 < ntaps:
+                    nt = <int>min(<Py_ssize_t>CYPOOL_VC_TB, ntaps - t0)
+                    _vc_dots(no, gs + o, nt, xs + t0, kidx + t0, g.E, partial + o * K, K)
+                    t0 = t0 + CYPOOL_VC_TB
+                o = o + CYPOOL_VC_OB
+    free(xs)
+    free(gs)
+    free(kidx)
+    return failed
 
 
 def vector_conv2d_weight_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O, OH, OW, E)
@@ -290,47 +355,28 @@ def vector_conv2d_weight_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O
                               Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw):
     """partial[t, o, k] = this thread's share of sum over pixels and E of
     grad_out[n, o, oh, ow, :] . x_tap_k[:]; the caller adds the partials in
-    thread order. Runs on partial.shape[0] threads, statically scheduled, so
-    the split (and the result) is fixed for a thread count."""
+    thread order. Runs on partial.shape[0] threads, each on a contiguous
+    share of the pixels, so the split (and the result) is fixed for a
+    thread count."""
     cdef ConvGeom g
-    cdef Py_ssize_t K = partial.shape[2], q, n, oh, ow, o, t0, ntaps, P
-    cdef int T = partial.shape[0], tid, no, nt
-    cdef const floating** xs
-    cdef const floating** gs
-    cdef Py_ssize_t* kidx
+    cdef Py_ssize_t K = partial.shape[2], P
+    cdef int T = partial.shape[0], tid
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
     _conv_geom(&g, x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[4], gout.shape[1],
                gout.shape[2], gout.shape[3], kh, kw, sh, sw, ph, pw, dh, dw)
     P = g.N * g.OH * g.OW
-    with nogil, parallel(num_threads=T):
-        xs = <const floating**>malloc(K * sizeof(void*))
-        gs = <const floating**>malloc(g.O * sizeof(void*))
-        kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
-        if xs == NULL or gs == NULL or kidx == NULL:
-            fail[0] = 1
-        else:
-            for q in prange(P, schedule="static"):
-                tid = threadid()
-                n = q // (g.OH * g.OW)
-                oh = (q // g.OW) % g.OH
-                ow = q % g.OW
-                ntaps = _forward_taps(&x[n, 0, 0, 0, 0], &g, oh, ow, xs, kidx)
-                for o in range(g.O):
-                    gs[o] = &gout[n, o, oh, ow, 0]
-                o = 0
-                while o < g.O:
-                    no = <int>min(<Py_ssize_t>CYPOOL_VC_OB, g.O - o)
-                    t0 = 0
-                    while t0 < ntaps:
-                        nt = <int>min(<Py_ssize_t>CYPOOL_VC_TB, ntaps - t0)
-                        _vc_dots(no, gs + o, nt, xs + t0, kidx + t0, g.E,
-                                 &partial[tid, o, 0], K)
-                        t0 = t0 + CYPOOL_VC_TB
-                    o = o + CYPOOL_VC_OB
-        free(xs)
-        free(gs)
-        free(kidx)
+    if T == 1:
+        _set_serial_team()
+        with nogil:
+            failed[0] = _weight_grad_pixels(gout, x, &partial[0, 0, 0], K, &g, 0, P)
+    else:
+        with nogil, parallel(num_threads=T):
+            _note_team()
+            tid = threadid()
+            if _weight_grad_pixels(gout, x, &partial[tid, 0, 0], K, &g,
+                                   _share_start(P, tid), _share_start(P, tid + 1)):
+                fail[0] = 1
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d_backward: out of memory")
