@@ -112,12 +112,23 @@ class BuildExt(build_ext):
     """build_ext that adds OpenMP (when it works) and the compile flags,
     and compiles the variants in parallel (one per CPU, as ``-j``)."""
 
+    # The kind of build whose objects build/ holds: a build of another kind
+    # recompiles everything rather than reuse them.
+    FLAVOUR_FILE = os.path.join("build", "cypool-flavour")
+
     def finalize_options(self):
         super().finalize_options()
         if self.parallel is None:
             self.parallel = os.cpu_count() or 1
-        if DEBUG or SANITIZE:
-            self.force = True  # objects left by a release build are not reused
+        self.flavour = " ".join(f"{k}={os.environ.get(k)}" for k in (
+            "CYPOOL_DEBUG", "CYPOOL_SANITIZE", "CYPOOL_NO_OPENMP", "CYPOOL_VEC_REPORT"))
+        try:
+            with open(self.FLAVOUR_FILE) as f:
+                same = f.read() == self.flavour
+        except OSError:
+            same = False
+        if DEBUG or SANITIZE or not same:
+            self.force = True
 
     def build_extensions(self):
         ctype = self.compiler.compiler_type
@@ -133,6 +144,9 @@ class BuildExt(build_ext):
             ext.extra_compile_args = base_compile_args(ctype) + cflags + ext.extra_compile_args
             ext.extra_link_args = ldflags + sanitizer_flags()[1] + ext.extra_link_args
         super().build_extensions()
+        os.makedirs(os.path.dirname(self.FLAVOUR_FILE), exist_ok=True)
+        with open(self.FLAVOUR_FILE, "w") as f:
+            f.write(self.flavour)
         self._remove_stale_variants()
 
     def _remove_stale_variants(self):
@@ -194,23 +208,48 @@ def compile_args(variant, compiler_type="unix", openmp=True):
     return base_compile_args(compiler_type) + omp + dict(variants())[variant]
 
 
-if __name__ == "__main__":  # pip and setuptools run this file as __main__
+def _generated_c_is_current(c_files):
+    """Whether every c_file exists and is newer than all of cypool's kernel
+    sources and this file (its directives). Cython's own dependency check
+    would also compare against Cython's .pxd files, which are new in every
+    isolated build environment pip makes: without this, each `pip install .`
+    regenerated and recompiled everything, even when build/ held the
+    objects of the same sources."""
+    if not all(os.path.exists(c) for c in c_files):
+        return False
+    sources = [os.path.join("cypool", f) for f in os.listdir("cypool")
+               if f.endswith((".pyx", ".pxi", ".pxd", ".h"))]
+    newest = max(os.path.getmtime(f) for f in sources + [__file__])
+    return newest < min(os.path.getmtime(c) for c in c_files)
+
+
+def kernel_extensions():
+    """One extension per variant: cythonized, or from the C a previous
+    build generated from the same sources (then setuptools also skips the
+    compile when build/ holds a newer object: the second of the Quick
+    start commands builds nothing)."""
+    headers = [os.path.join("cypool", f) for f in os.listdir("cypool") if f.endswith(".h")]
     extensions = [
-        Extension(
-            f"cypool._kernels_{name}",
-            [f"cypool/_kernels_{name}.pyx"],
-            extra_compile_args=args,
-        )
+        Extension(f"cypool._kernels_{name}", [f"cypool/_kernels_{name}.pyx"],
+                  extra_compile_args=args, depends=headers)
         for name, args in variants()
     ]
-    setup(
-        ext_modules=cythonize(
-            extensions,
-            nthreads=os.cpu_count() or 1,  # one process per variant
-            compiler_directives=DIRECTIVES,
-            annotate=os.environ.get("CYPOOL_ANNOTATE") == "1",
-            # Debug directives: C of its own, away from the release build's
-            **({"build_dir": "build/cython-debug", "force": True} if DEBUG else {}),
-        ),
-        cmdclass={"build_ext": BuildExt},
+    annotate = os.environ.get("CYPOOL_ANNOTATE") == "1"
+    c_files = [f"cypool/_kernels_{name}.c" for name, _ in variants()]
+    if not (DEBUG or annotate) and _generated_c_is_current(c_files):
+        for ext, c in zip(extensions, c_files):
+            ext.sources = [c]
+        return extensions
+    return cythonize(
+        extensions,
+        nthreads=os.cpu_count() or 1,  # one process per variant
+        compiler_directives=DIRECTIVES,
+        annotate=annotate,
+        force=True,  # some source is newer than the C: all of it is regenerated
+        # Debug directives: C of its own, away from the release build's
+        **({"build_dir": "build/cython-debug"} if DEBUG else {}),
     )
+
+
+if __name__ == "__main__":  # pip and setuptools run this file as __main__
+    setup(ext_modules=kernel_extensions(), cmdclass={"build_ext": BuildExt})
