@@ -288,3 +288,26 @@ def memory_row(case: str, setup: str, cy_call: str, np_call: str, out_bytes: int
     fmt = (lambda v: "n/a" if v is None else f"{v / 2**20:.2f}")
     ok = "n/a" if cy is None else ("yes" if cy <= limit else "NO")
     return f"| {case} | {out_bytes / 2**20:.1f} | {fmt(cy)} | {fmt(npm)} | {ok} |"
+
+
+def conv_memory_row(bench: str, fn: str, case: str, x_shape: tuple, w_shape: tuple,
+                    s: int, p: int, n: int, out_bytes: int, limit: float) -> str:
+    """memory_row for a float32 convolution: cypool.<fn>(x, w, b, s, p)
+    against <bench>.numpy_im2col on the same random arrays."""
+    setup = (f"import {bench}, cypool\nrng = np.random.default_rng(0)\n"
+             f"x = rng.standard_normal({x_shape}, dtype=np.float32)\n"
+             f"w = rng.standard_normal({w_shape}).astype(np.float32)\n"
+             f"b = rng.standard_normal({w_shape[0]}).astype(np.float32)")
+    return memory_row(case, setup, f"cypool.{fn}(x, w, b, {s}, {p}, num_threads={n})",
+                      f"{bench}.numpy_im2col(x, w, b, {s}, {p})", out_bytes, limit)
+
+
+def memory_table(what: str, limit: str, rows: list) -> str:
+    """The markdown table of memory_row rows: the extra peak RSS of a first
+    call of what beyond its output, cypool's against limit."""
+    return "\n".join([
+        f"### extra peak memory of a first {what} beyond its output (peak RSS, VmHWM, fresh process)",
+        "",
+        f"| case | output MiB | cypool MiB | numpy im2col MiB | cypool within {limit} |",
+        "|---|---|---|---|---|",
+        *rows])

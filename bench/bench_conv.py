@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 
 import cnn_models
 import cypool
-from _harness import compare, memory_row, optional, start, table, torch
+from _harness import compare, conv_memory_row, memory_table, optional, start, table, torch
 
 SEED_CONVS = [  # name, input (C, H, W), weight, needs input grad
     ("conv 1", (1, 28, 28), (2, 1, 5, 5), False),
@@ -124,23 +124,14 @@ def main(argv=None):
         res = compare(fwd, reps, pause=0.15)
         fwd_rows.append((case + f", cypool {flops / res['cypool'] / 1e9:.0f} GFLOP/s", res))
         bwd_rows.append((case, compare(bwd, max(3, reps // 3), pause=0.15)))
-        setup = (f"import bench_conv, cypool\nrng = np.random.default_rng(0)\n"
-                 f"x = rng.standard_normal({xs}, dtype=np.float32)\n"
-                 f"w = rng.standard_normal({ws}).astype(np.float32)\n"
-                 f"b = rng.standard_normal({ws[0]}).astype(np.float32)")
-        mem_lines.append(memory_row(case, setup, f"cypool.conv2d(x, w, b, {s}, {p}, num_threads={n})",
-                                    f"bench_conv.numpy_im2col(x, w, b, {s}, {p})", out.nbytes,
-                                    max(0.25 * out.nbytes, 8 * 2**20)))
+        mem_lines.append(conv_memory_row("bench_conv", "conv2d", case, xs, ws, s, p, n, out.nbytes,
+                                         max(0.25 * out.nbytes, 8 * 2**20)))
     print()
     print(table("conv2d forward, float32", fwd_rows))
     print()
     print(table("conv2d_backward (input and weight gradients), float32", bwd_rows))
     print()
-    print("### extra peak memory of a first forward call beyond its output (peak RSS, VmHWM, fresh process)")
-    print()
-    print("| case | output MiB | cypool MiB | numpy im2col MiB | cypool within max(25% of output, 8 MiB) |")
-    print("|---|---|---|---|---|")
-    print("\n".join(mem_lines))
+    print(memory_table("forward call", "max(25% of output, 8 MiB)", mem_lines))
 
 
 if __name__ == "__main__":

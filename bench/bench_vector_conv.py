@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 import cypool
-from _harness import as_called, as_called_table, compare, memory_row, start, table, torch
+from _harness import as_called, as_called_table, compare, conv_memory_row, memory_table, start, table, torch
 
 SHAPES = [  # name, (C, H, W, E), O, k, s, p
     ("MNIST ConvSmall 1", (1, 28, 28, 785), 16, 4, 2, 0),
@@ -117,14 +117,9 @@ def main(argv=None):
         if args.as_called and name == "MNIST ConvSmall 1":
             called = {k_: v for k_, v in fwd.items() if k_ != "numpy im2col"}
             called_rows.append((f"{case} forward", as_called(called, reps)))
-        setup = (f"import bench_vector_conv, cypool\nrng = np.random.default_rng(0)\n"
-                 f"x = rng.standard_normal({(C, H, W, E)}, dtype=np.float32)\n"
-                 f"w = rng.standard_normal({(O, C, k, k)}).astype(np.float32)\n"
-                 f"b = rng.standard_normal({O}).astype(np.float32)")
-        mem_lines.append(memory_row(case, setup,
-                                    f"cypool.vector_conv2d(x, w, b, {s}, {p}, num_threads={n})",
-                                    f"bench_vector_conv.numpy_im2col(x, w, b, {s}, {p})", out.nbytes,
-                                    max(0.1 * out.nbytes, 4 * 2**20)))
+        mem_lines.append(conv_memory_row("bench_vector_conv", "vector_conv2d", case, (C, H, W, E),
+                                         (O, C, k, k), s, p, n, out.nbytes,
+                                         max(0.1 * out.nbytes, 4 * 2**20)))
     print()
     print(table("vector_conv2d forward, float32", fwd_rows))
     print()
@@ -139,11 +134,7 @@ def main(argv=None):
     print()
     print(table("vector_conv2d_backward at small E (input and weight gradients), float32", sb))
     print()
-    print("### extra peak memory of a first call beyond its output (peak RSS, VmHWM, fresh process)")
-    print()
-    print("| case | output MiB | cypool MiB | numpy im2col MiB | cypool within max(10% of output, 4 MiB) |")
-    print("|---|---|---|---|---|")
-    print("\n".join(mem_lines))
+    print(memory_table("call", "max(10% of output, 4 MiB)", mem_lines))
 
 
 if __name__ == "__main__":
