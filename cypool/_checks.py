@@ -435,3 +435,56 @@ def cached_conv_checks(cache: dict, check, x, weight, stride, padding, dilation)
     if key is not None and len(cache) < 256:
         cache[key] = (batched, result)
     return xb, weight, batched, result
+
+
+def same_shape(a_shape: tuple, b_shape: tuple, a_name: str, b_name: str) -> None:
+    """a_shape must equal b_shape (the names say which arrays differ)."""
+    if tuple(a_shape) != tuple(b_shape):
+        raise ValueError(f"{a_name} shape {tuple(a_shape)} must be {b_name} {tuple(b_shape)}")
+
+
+def pool_backward_shapes(grad_output_shape: tuple, input_shape: tuple) -> None:
+    """A max pool's grad_output and input_shape: the same leading
+    dimensions, and an output a pooling of that input can produce."""
+    if input_shape[:-2] != grad_output_shape[:-2]:
+        raise ValueError(f"input_shape {input_shape} and grad_output {grad_output_shape} "
+                         "differ in their leading dimensions")
+    (H, W), (OH, OW) = input_shape[-2:], grad_output_shape[-2:]
+    if OH > H + 1 or OW > W + 1:
+        raise ValueError(f"input_shape {input_shape} cannot have produced an output of {(OH, OW)}: "
+                         "max pooling gives at most (H + 1, W + 1)")
+
+
+def unpool_backward_shapes(grad_output_shape: tuple, indices_shape: tuple, x_shape: tuple) -> None:
+    """max_unpool2d_backward's shapes: indices like x, grad_output with x's
+    leading dimensions."""
+    if indices_shape != x_shape:
+        raise ValueError(f"indices shape {indices_shape} must be x_shape {x_shape}")
+    if grad_output_shape[:-2] != x_shape[:-2]:
+        raise ValueError(f"grad_output shape {grad_output_shape} does not match x_shape {x_shape}")
+
+
+def indices_below(ix: np.ndarray, n: int, OH: int, OW: int) -> None:
+    """Every unpooling index in [0, n = OH * OW)."""
+    if ix.size and (ix.min() < 0 or ix.max() >= n):
+        raise ValueError(f"indices must lie in [0, {n}) for a grad_output of {OH} x {OW}")
+
+
+def conv_layer_args(in_channels, out_channels, kernel_size, dtype):
+    """A convolution layer's sizes and dtype: (in, out, kh, kw, dtype)."""
+    cin = as_int(in_channels, "in_channels")
+    cout = as_int(out_channels, "out_channels")
+    if cin < 1 or cout < 1:
+        raise ValueError(f"in_channels and out_channels must be positive, got {cin}, {cout}")
+    kh, kw = pair(kernel_size, "kernel_size")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
+    dt = np.dtype(dtype)
+    if dt not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    return cin, cout, kh, kw, dt
+
+
+def no_overlap(out: np.ndarray, x: np.ndarray) -> None:
+    if np.may_share_memory(out, x):
+        raise ValueError("out must not overlap x")

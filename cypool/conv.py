@@ -220,8 +220,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, n
     else:
         res = chk.out_arg(out, plan.out_shape if batched else plan.out_shape[1:], dt)
         res = res if batched else res[None]
-        if np.may_share_memory(res, x4):
-            raise ValueError("out must not overlap x")
+        chk.no_overlap(res, x4)
     forward_into(res, x4, weight, b, plan, nt)
     if out is not None:
         return out

@@ -126,8 +126,7 @@ class MaxUnpool2d(Layer):
     def backward(self, grad_output):
         """Gradient with respect to the last forward's x."""
         indices, x_shape, out_shape = self._saved()
-        if np.shape(grad_output) != out_shape:
-            raise ValueError(f"grad_output shape {np.shape(grad_output)} must be {out_shape}")
+        chk.same_shape(np.shape(grad_output), out_shape, "grad_output", "the forward's output")
         return max_unpool2d_backward(grad_output, indices, x_shape, num_threads=self.num_threads)
 
     def __repr__(self):
@@ -165,8 +164,7 @@ class GlobalMaxPool2d(Layer):
         """Gradient with respect to the last forward's input."""
         coords, shape = self._saved()
         grad_output, _ = chk.array(grad_output, "grad_output", (1, 2))
-        if grad_output.shape != shape[:-2]:
-            raise ValueError(f"grad_output shape {grad_output.shape} must be {shape[:-2]}")
+        chk.same_shape(grad_output.shape, shape[:-2], "grad_output", "the forward's output")
         flat = coords[..., 0] * shape[-1] + coords[..., 1]
         # One "window" per map: the max-pool scatter does exactly this.
         return max_pool2d_backward(grad_output[..., None, None], flat[..., None, None], shape,
@@ -222,16 +220,7 @@ def _conv_init(layer, in_channels, out_channels, kernel_size, stride, padding, d
     """Shared constructor of the convolution layers: checks every parameter
     now, not at the first forward, and initialises .weight and .bias like
     torch.nn.Conv2d (uniform in +-1/sqrt(fan_in))."""
-    cin = chk.as_int(in_channels, "in_channels")
-    cout = chk.as_int(out_channels, "out_channels")
-    if cin < 1 or cout < 1:
-        raise ValueError(f"in_channels and out_channels must be positive, got {cin}, {cout}")
-    kh, kw = chk.pair(kernel_size, "kernel_size")
-    if kh < 1 or kw < 1:
-        raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
-    dt = np.dtype(dtype)
-    if dt not in chk.FLOAT_DTYPES:
-        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    cin, cout, kh, kw, dt = chk.conv_layer_args(in_channels, out_channels, kernel_size, dtype)
     chk.num_threads_arg(num_threads)
     check_params(stride, padding, dilation)
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)

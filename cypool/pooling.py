@@ -90,11 +90,6 @@ def max_pool2d(
     return out
 
 
-def _check_indices_like(values, indices, vname: str):
-    if indices.shape != values.shape:
-        raise ValueError(f"indices shape {indices.shape} does not match {vname} shape {values.shape}")
-
-
 def _place(name, values, kd, indices, out_shape, num_threads, bound, shape_args=()):
     """Run a kernel that writes values (..., h, w) at flat indices into zeroed
     planes of out_shape (scatter-add for backward, assignment for unpool).
@@ -152,19 +147,9 @@ def backward_args(grad_output, indices, input_shape):
     input_shape as a tuple)."""
     grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
     indices = chk.index_array(indices)
-    _check_indices_like(grad_output, indices, "grad_output")
+    chk.same_shape(indices.shape, grad_output.shape, "indices", "grad_output")
     shape = chk.shape_arg(input_shape, "input_shape", grad_output.ndim)
-    if shape[:-2] != grad_output.shape[:-2]:
-        raise ValueError(
-            f"input_shape {shape} and grad_output {grad_output.shape} differ in their leading dimensions"
-        )
-    H, W = shape[-2:]
-    OH, OW = grad_output.shape[-2:]
-    if OH > H + 1 or OW > W + 1:
-        raise ValueError(
-            f"input_shape {shape} cannot have produced an output of {(OH, OW)}: "
-            "max pooling gives at most (H + 1, W + 1)"
-        )
+    chk.pool_backward_shapes(grad_output.shape, shape)
     return grad_output, kd, indices, shape
 
 
@@ -180,7 +165,7 @@ def backward_from_forward(grad_output, indices: np.ndarray, input_shape: tuple, 
     those its own forward produced and kept (checked then), so only
     grad_output is checked here, which matters at batch size one."""
     grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
-    _check_indices_like(grad_output, indices, "grad_output")
+    chk.same_shape(indices.shape, grad_output.shape, "indices", "grad_output")
     return _backward(grad_output, kd, indices, input_shape, num_threads)
 
 
@@ -215,7 +200,7 @@ def max_unpool2d(x, indices, kernel_size, stride=None, padding=0, output_size=No
     """
     x, kd = chk.array(x, "x", (3, 4))
     indices = chk.index_array(indices)
-    _check_indices_like(x, indices, "x")
+    chk.same_shape(indices.shape, x.shape, "indices", "x")
     H, W = x.shape[-2:]
     if isinstance(output_size, list):
         output_size = tuple(output_size)
@@ -244,16 +229,12 @@ def max_unpool2d_backward(grad_output, indices, x_shape, *, num_threads=None):
     grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
     indices = chk.index_array(indices)
     x_shape = chk.shape_arg(x_shape, "x_shape", grad_output.ndim)
-    if indices.shape != x_shape:
-        raise ValueError(f"indices shape {indices.shape} must be x_shape {x_shape}")
-    if grad_output.shape[:-2] != x_shape[:-2]:
-        raise ValueError(f"grad_output shape {grad_output.shape} does not match x_shape {x_shape}")
+    chk.unpool_backward_shapes(grad_output.shape, indices.shape, x_shape)
     OH, OW = grad_output.shape[-2:]
     H, W = x_shape[-2:]
     go = chk.contiguous(grad_output, kd).reshape(-1, OH * OW)
     ix = chk.contiguous(indices, indices.dtype).reshape(-1, H * W)
-    if ix.size and (ix.min() < 0 or ix.max() >= OH * OW):
-        raise ValueError(f"indices must lie in [0, {OH * OW}) for a grad_output of {OH} x {OW}")
+    chk.indices_below(ix, OH * OW, OH, OW)
     gx = np.empty(ix.shape, dtype=kd)
     nt = threads_for(chk.num_threads_arg(num_threads), go.size + 2 * gx.size, gx.shape[0])
     kernel("max_unpool2d_backward", kd, ix.dtype)(go, ix, gx, nt)
