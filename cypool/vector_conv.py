@@ -36,11 +36,19 @@ _checked: dict = {}
 
 
 def _conv_args(x, weight, stride, padding, dilation):
-    """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW)), or
-    from _checked."""
-    x5, weight, batched, (geom, out_hw) = chk.cached_conv_checks(
-        _checked, chk.vector_conv_args, x, weight, stride, padding, dilation)
-    return x5, batched, weight, geom, out_hw
+    """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW), the
+    small-E plan or None), or from _checked."""
+    x5, weight, batched, (geom, out_hw, plan) = chk.cached_conv_checks(
+        _checked, _checks_and_plan, x, weight, stride, padding, dilation)
+    return x5, batched, weight, geom, out_hw, plan
+
+
+def _checks_and_plan(x, weight, stride, padding, dilation):
+    """chk.vector_conv_args, and at small E the plan of conv2d's kernels, so
+    that a repeated call (a training loop) makes neither again."""
+    x5, weight, batched, (geom, out_hw) = chk.vector_conv_args(x, weight, stride, padding, dilation)
+    plan = _small_e_plan(x5, weight, geom) if x5.shape[4] <= SMALL_E_BACKWARD else None
+    return x5, weight, batched, (geom, out_hw, plan)
 
 
 # Up to these many components per pixel, the convolution (forward, and
@@ -87,7 +95,7 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     -------
     out : C-contiguous ndarray, shape (O, OH, OW, E) or (N, O, OH, OW, E)
     """
-    x5, batched, weight, geom, (OH, OW) = _conv_args(x, weight, stride, padding, dilation)
+    x5, batched, weight, geom, (OH, OW), plan = _conv_args(x, weight, stride, padding, dilation)
     N, C, H, W, E = x5.shape
     O, _, kh, kw = weight.shape
     nt = chk.num_threads_arg(num_threads)
@@ -95,11 +103,12 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     b = chk.bias_arg(bias, O, dt)
     out = np.empty((N, O, OH, OW, E), dtype=dt)
     if E <= SMALL_E_FORWARD:
-        plan = _small_e_plan(x5, weight, geom)
+        # conv2d's bias goes to every component image: at E = 1, that is
+        # component 0; otherwise it is added to component 0 afterwards.
+        kb = b if E == 1 else chk.no_bias(dt)
         for n in range(N):
-            conv.forward_into(_component_views(out, n), _component_views(x5, n), weight,
-                              chk.no_bias(dt), plan, nt)
-        if bias is not None:
+            conv.forward_into(_component_views(out, n), _component_views(x5, n), weight, kb, plan, nt)
+        if bias is not None and E > 1:
             out[..., 0] += b[:, None, None]
         return out if batched else out[0]
     xc = chk.contiguous(x5, dt)
@@ -142,7 +151,7 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
     the public function does). cypool.dask passes the choice of the whole
     array to each of its E chunks, so that the input gradient of every
     chunk is the one the whole array gets, bit for bit."""
-    x5, batched, weight, geom, (OH, OW) = _conv_args(x, weight, stride, padding, dilation)
+    x5, batched, weight, geom, (OH, OW), plan = _conv_args(x, weight, stride, padding, dilation)
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     N, C, H, W, E = x5.shape
     O = weight.shape[0]
@@ -150,13 +159,15 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
     g = chk.grad_output_arg(grad_output, dt, (N, O, OH, OW, E) if batched else (O, OH, OW, E))
     nt = chk.num_threads_arg(num_threads)
     g5 = chk.contiguous(g if batched else g[None], dt)
-    grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
     grad_x = grad_w = None
     if small_e is None:
         small_e = E <= SMALL_E_BACKWARD
     if small_e:
-        return _small_e_backward(g5, x5, weight, geom, batched, needs_input_grad, needs_weight_grad,
-                                 nt) + (grad_bias,)
+        if plan is None:
+            plan = _small_e_plan(x5, weight, geom)
+        return _small_e_backward(g5, x5, weight, plan, batched,
+                                 needs_input_grad, needs_weight_grad, nt)
+    grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
     work = g5.size + x5.size
     if needs_input_grad:
         w2 = padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
@@ -177,12 +188,13 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
     return grad_x, grad_w, grad_bias
 
 
-def _small_e_backward(g5, x5, weight, geom, batched, needs_input_grad, needs_weight_grad, nt):
-    """(grad_x, grad_w) of a small-E convolution, by conv2d's kernels on the
-    E component images of each image, the weight gradients added in image
-    order."""
-    plan = _small_e_plan(x5, weight, geom)
-    grad_x = grad_w = None
+def _small_e_backward(g5, x5, weight, plan, batched, needs_input_grad, needs_weight_grad, nt):
+    """(grad_x, grad_w, grad_bias) of a small-E convolution, by conv2d's
+    kernels on the E component images of each image, the weight gradients
+    added in image order. At E = 1, conv2d's bias gradient (the sum over
+    the one component image) is grad_bias."""
+    E = x5.shape[4]
+    grad_x = grad_w = grad_bias = None
     if needs_input_grad:
         gx = np.empty(x5.shape, dtype=x5.dtype)
         for n in range(x5.shape[0]):
@@ -190,11 +202,14 @@ def _small_e_backward(g5, x5, weight, geom, batched, needs_input_grad, needs_wei
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
         O = weight.shape[0]
-        gb = np.empty(O, dtype=x5.dtype)  # conv2d's bias gradient: all components, not used
         for n in range(x5.shape[0]):
             gw = np.empty((O, weight[0].size), dtype=x5.dtype)
+            gb = np.empty(O, dtype=x5.dtype)  # summed over all E components
             gc = np.ascontiguousarray(_component_views(g5, n))
             conv.weight_grad_into(gw, gb, gc, _component_views(x5, n), plan, nt)
             grad_w = gw if grad_w is None else grad_w + gw
+            grad_bias = gb if grad_bias is None else grad_bias + gb
         grad_w = grad_w.reshape(weight.shape)
-    return grad_x, grad_w
+    if E > 1 or grad_bias is None:
+        grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
+    return grad_x, grad_w, grad_bias
