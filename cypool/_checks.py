@@ -464,10 +464,11 @@ def unpool_backward_shapes(grad_output_shape: tuple, indices_shape: tuple, x_sha
         raise ValueError(f"grad_output shape {grad_output_shape} does not match x_shape {x_shape}")
 
 
-def indices_below(ix: np.ndarray, n: int, OH: int, OW: int) -> None:
-    """Every unpooling index in [0, n = OH * OW)."""
-    if ix.size and (ix.min() < 0 or ix.max() >= n):
-        raise ValueError(f"indices must lie in [0, {n}) for a grad_output of {OH} x {OW}")
+def unpool_indices_in_range(ix: np.ndarray, OH: int, OW: int) -> None:
+    """Every unpooling index in [0, OH * OW), the positions of an (OH, OW)
+    grad_output."""
+    if ix.size and (ix.min() < 0 or ix.max() >= OH * OW):
+        raise ValueError(f"indices must lie in [0, {OH * OW}) for a grad_output of {OH} x {OW}")
 
 
 def conv_layer_args(in_channels, out_channels, kernel_size, dtype):
@@ -486,5 +487,6 @@ def conv_layer_args(in_channels, out_channels, kernel_size, dtype):
 
 
 def no_overlap(out: np.ndarray, x: np.ndarray) -> None:
+    """An out= array must not share memory with the input it is computed from."""
     if np.may_share_memory(out, x):
         raise ValueError("out must not overlap x")

@@ -234,7 +234,7 @@ def max_unpool2d_backward(grad_output, indices, x_shape, *, num_threads=None):
     H, W = x_shape[-2:]
     go = chk.contiguous(grad_output, kd).reshape(-1, OH * OW)
     ix = chk.contiguous(indices, indices.dtype).reshape(-1, H * W)
-    chk.indices_below(ix, OH * OW, OH, OW)
+    chk.unpool_indices_in_range(ix, OH, OW)
     gx = np.empty(ix.shape, dtype=kd)
     nt = threads_for(chk.num_threads_arg(num_threads), go.size + 2 * gx.size, gx.shape[0])
     kernel("max_unpool2d_backward", kd, ix.dtype)(go, ix, gx, nt)
