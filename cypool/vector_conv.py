@@ -202,14 +202,15 @@ def _small_e_backward(g5, x5, weight, plan, batched, needs_input_grad, needs_wei
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
         O = weight.shape[0]
+        gb = np.empty(O, dtype=x5.dtype)  # conv2d's: summed over all E components
         for n in range(x5.shape[0]):
             gw = np.empty((O, weight[0].size), dtype=x5.dtype)
-            gb = np.empty(O, dtype=x5.dtype)  # summed over all E components
             gc = np.ascontiguousarray(_component_views(g5, n))
             conv.weight_grad_into(gw, gb, gc, _component_views(x5, n), plan, nt)
             grad_w = gw if grad_w is None else grad_w + gw
-            grad_bias = gb if grad_bias is None else grad_bias + gb
+            if E == 1:
+                grad_bias = gb.copy() if grad_bias is None else grad_bias + gb
         grad_w = grad_w.reshape(weight.shape)
-    if E > 1 or grad_bias is None:
+    if grad_bias is None:
         grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
     return grad_x, grad_w, grad_bias
