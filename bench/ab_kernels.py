@@ -1,6 +1,6 @@
 """A/B timing of two builds of a kernel, interleaved in one process.
 
-Run: python bench/ab_kernels.py BASE [NEW] [--op maxpool|argmax]
+Run: python bench/ab_kernels.py BASE [NEW] [--op maxpool|backward|argmax]
      [--shape 16,256,28,28] [--kernel 3] [--stride 1] [--padding 1]
      [--index-dtype int64] [--threads 2] [--rounds 9]
 
@@ -13,8 +13,10 @@ module of its own name (Python can't load two builds under one name).
 outputs, with the indices' streaming stores on (max_pool2d turns them on
 only where the input and output fit in the last-level cache and the
 indices on top would not: cypool._backend.streams), so no allocation or
-page fault is timed; --op argmax calls argmax2d on the (N*C, H*W) maps,
-one segment a map. After checking that both
+page fault is timed; --op backward calls max_pool2d_backward with the
+indices of one forward pass, into a preallocated gradient; --op argmax
+calls argmax2d on the (N*C, H*W) maps, one segment a map. After checking
+that both
 give the same outputs and indices, each round times every side in turn
 (a warm-up, then five timings of about 2 ms of calls); the best of the five
 is that round's time. Prints, per side, the best and the median round in ns
@@ -99,7 +101,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("base")
     ap.add_argument("new", nargs="?")
-    ap.add_argument("--op", default="maxpool", choices=["maxpool", "argmax"])
+    ap.add_argument("--op", default="maxpool", choices=["maxpool", "backward", "argmax"])
     ap.add_argument("--shape", default="16,256,28,28")
     ap.add_argument("--kernel", type=int, default=3)
     ap.add_argument("--stride", type=int, default=1)
@@ -131,8 +133,22 @@ def main(argv=None):
         bufs = {tag: (np.empty(P, np.float32), np.empty((P, 2), args.index_dtype))
                 for tag in mods}
 
+    if args.op == "backward":
+        # The indices of a forward pass, and a gradient to scatter at them.
+        out, idx = bufs["base"]
+        mods["base"].max_pool2d_forward(planes, out, idx, with_indices=True, scalar_only=False,
+                                        stream_indices=False, kh=k, kw=k, sh=s, sw=s, ph=p,
+                                        pw=p, dh=1, dw=1, num_threads=args.threads)
+        grad_out = np.random.default_rng(1).standard_normal((P, OH * OW), dtype=np.float32)
+        flat_idx = idx.reshape(P, OH * OW)
+        bufs = {tag: (np.empty((P, H * W), np.float32), flat_idx) for tag in mods}
+
     def call(tag):
         out, idx = bufs[tag]
+        if args.op == "backward":
+            bad = mods[tag].max_pool2d_backward(grad_out, idx, out, OW, W, args.threads)
+            assert bad == 0
+            return
         if args.op == "argmax":
             mods[tag].argmax2d(maps, out, idx, W=W, segments=1, num_threads=args.threads)
             return

@@ -370,6 +370,25 @@ def test_backward_block_pass_falls_back_per_plane(rng):
                                ref.max_pool2d_backward(g3, idx3, x.shape), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("hw, k, s, p", [(7, 3, 1, 1), (7, 3, 2, 1), (8, 2, 2, 0), (4, 3, 1, 1)])
+def test_backward_tiny_planes_in_runs(rng, dtype, hw, k, s, p):
+    """Tiny planes are scattered several at a time: a plane count that is
+    not a multiple of the run, repeated indices, and an out-of-range index
+    in a plane inside a run (which must still raise)."""
+    x = ref.random_values(rng, (3, 37, hw, hw), dtype, ties=True, specials=True)
+    out, idx = cypool.max_pool2d(x, k, s, p, return_indices=True)
+    g = ref.random_values(rng, out.shape, dtype)
+    for nt in (1, 2):
+        np.testing.assert_allclose(cypool.max_pool2d_backward(g, idx, x.shape, num_threads=nt),
+                                   ref.max_pool2d_backward(g, idx, x.shape), rtol=1e-6)
+    bad = idx.copy()
+    bad[1, 13, 0, 0] = hw * hw
+    for nt in (1, 2):
+        with pytest.raises(ValueError, match="indices"):
+            cypool.max_pool2d_backward(g, bad, x.shape, num_threads=nt)
+
+
 def test_backward_overlapping_windows_accumulate():
     x = np.zeros((1, 1, 3, 3), dtype=np.float64)
     x[0, 0, 1, 1] = 1.0  # the maximum of all four 2x2 stride-1 windows
