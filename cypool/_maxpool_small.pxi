@@ -22,6 +22,10 @@
 DEF _SMALL_LANES = 16  # CYPOOL_SMALL_LANES of _maxpool_small.h
 DEF _SMALL_MAX_HW = 256
 DEF _SMALL_MAX_TAPS = 64
+# 3x3/stride 1/padding 1 pooling has a path of its own (_maxpool_flat3.pxi),
+# but on planes of at most this many 4-byte elements (7x7, 8x8) this one is
+# faster; from 10x10 up it is slower (bench/ab_kernels.py).
+DEF _SMALL_OVER_FLAT3_HW = 64
 
 
 cdef extern from "_maxpool_small.h" nogil:
@@ -35,11 +39,19 @@ cdef extern from "_maxpool_small.h" nogil:
     void cypool_small_scan_i64(const int64_t* buf, int64_t* best, int32_t* code,
                                const int32_t* taps, const int32_t* ntaps, Py_ssize_t T,
                                Py_ssize_t n_out)
+    void cypool_small_in_4(const void* x, Py_ssize_t nb, Py_ssize_t HW, void* buf)
+    void cypool_small_out_4(const void* src, Py_ssize_t nb, Py_ssize_t n_out, void* dst)
+    void cypool_small_out_i64(const int32_t* src, Py_ssize_t nb, Py_ssize_t n_out,
+                              int64_t* dst)
 
 
 cdef bint _small_plane_fits(Py_ssize_t H, Py_ssize_t W, Py_ssize_t OH, Py_ssize_t OW,
                             Py_ssize_t kh, Py_ssize_t kw) noexcept nogil:
     return H * W <= _SMALL_MAX_HW and OH * OW <= _SMALL_MAX_HW and kh * kw <= _SMALL_MAX_TAPS
+
+
+cdef bint _small_beats_flat3(Py_ssize_t H, Py_ssize_t W, size_t itemsize) noexcept nogil:
+    return itemsize == 4 and H * W <= _SMALL_OVER_FLAT3_HW
 
 
 cdef void _small_tap_table(const PoolGeom* g, int32_t* taps, int32_t* ntaps) noexcept nogil:
@@ -74,10 +86,13 @@ cdef void _pool_small_block(const value_t* x, value_t* op, index_t* ip, Py_ssize
     cdef Py_ssize_t b, i, o
     cdef const value_t* src
     # 1. planes innermost; lanes past nb repeat the last plane (never stored)
-    for b in range(_SMALL_LANES):
-        src = x + min(b, nb - 1) * HW
-        for i in range(HW):
-            buf[i * _SMALL_LANES + b] = src[i]
+    if sizeof(value_t) == 4:
+        cypool_small_in_4(x, nb, HW, buf)
+    else:
+        for b in range(_SMALL_LANES):
+            src = x + min(b, nb - 1) * HW
+            for i in range(HW):
+                buf[i * _SMALL_LANES + b] = src[i]
     # 2. every output position's window, LANES planes at once
     if value_t is float:
         cypool_small_scan_f32(buf, best, code, taps, ntaps, T, n_out)
@@ -88,12 +103,18 @@ cdef void _pool_small_block(const value_t* x, value_t* op, index_t* ip, Py_ssize
     else:
         cypool_small_scan_i64(buf, best, code, taps, ntaps, T, n_out)
     # 3. back to the planes, each written contiguously
-    for b in range(nb):
-        for o in range(n_out):
-            op[b * n_out + o] = best[o * _SMALL_LANES + b]
-        if ip != NULL:
+    if sizeof(value_t) == 4:
+        cypool_small_out_4(best, nb, n_out, op)
+    else:
+        for b in range(nb):
             for o in range(n_out):
-                ip[b * n_out + o] = <index_t>code[o * _SMALL_LANES + b]
+                op[b * n_out + o] = best[o * _SMALL_LANES + b]
+    if ip == NULL:
+        return
+    if index_t is int32_t:
+        cypool_small_out_4(code, nb, n_out, ip)
+    else:
+        cypool_small_out_i64(code, nb, n_out, ip)
 
 
 cdef void _pool_small_blocks(const value_t* x, value_t* op, index_t* ip, Py_ssize_t P,

@@ -79,6 +79,28 @@ def test_small_planes_many_channels(rng, trial):
     assert_same(cypool.max_pool2d(x, **cfg), rout)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("hw", [(1, 1), (2, 3), (3, 5), (7, 7), (8, 8), (5, 13), (9, 9), (14, 14),
+                                (16, 16)])
+def test_small_planes_4_byte_transposes(rng, dtype, hw):
+    """4-byte values go into and out of the planes-innermost layout in 8x8
+    blocks: plane sizes and output counts that are and are not multiples
+    of 8, a partial last block of planes, both index dtypes; 3x3/s1/p1 on
+    7x7 and 8x8 planes takes this path rather than the flat one."""
+    x = ref.random_values(rng, (2, 21) + hw, dtype, ties=True,
+                          specials=np.dtype(dtype).kind == "f")
+    for k, s, p in [(2, 2, 0), (3, 1, 1), (3, 2, 1), (1, 1, 0)]:
+        if min(hw) < k - 2 * p or (hw[0] + 2 * p) < k or (hw[1] + 2 * p) < k:
+            continue
+        rout, ridx = ref.max_pool2d(x, k, s, p, 1, False)
+        for index_dtype in (np.int64, np.int32):
+            for nt in (1, 2):
+                out, idx = cypool.max_pool2d(x, k, s, p, return_indices=True,
+                                             index_dtype=index_dtype, num_threads=nt)
+                assert_same(out, rout)
+                assert_same(idx, ridx.astype(index_dtype))
+
+
 def test_small_planes_late_layer_shapes(rng):
     # The specialised cases of VGG/ResNet late layers, with ties and NaN.
     for shape, k, s, p in [((3, 40, 14, 14), 2, 2, 0), ((2, 33, 7, 7), 3, 2, 1), ((2, 20, 7, 7), 3, 1, 1),
