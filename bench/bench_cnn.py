@@ -27,6 +27,11 @@ With --batch B > 1 the three train on mini-batches. numpy's BLAS threads
 (the dense layer) and cypool's OpenMP threads then alternate: --fight
 also times (b) with OpenBLAS limited to one thread by threadpoolctl, to show
 whether they contend.
+
+At batch size 1 (with (a)), a last table times (a), (b) and the network's
+numpy parts alone, with convolutions and pool that cost nothing
+(cnn_models.NumpyPartsNet): how much faster than (a) any layers swapped
+into (b) could make it.
 """
 from __future__ import annotations
 
@@ -103,6 +108,32 @@ def torch_threads_trial(weights, lr, x, y, batch):
             best, best_t = n, el
     torch.set_num_threads(best)
     return best
+
+
+def floor_report(weights, x, y, lr, n=1000, rounds=7):
+    """Times (a), (b) and the numpy parts alone (m.NumpyPartsNet) on the
+    same n samples, interleaved, and prints the bound on (a) / (b)."""
+    nets = {"(a) numpy": m.NumpyNet(weights), "(b) numpy + cypool": m.CypoolNet(weights),
+            "numpy parts alone": m.NumpyPartsNet(weights)}
+    times = {name: [] for name in nets}
+    n = min(n, len(y))
+    for _ in range(rounds):
+        for name, net in nets.items():
+            t = time.perf_counter()
+            for i in range(n):
+                net.step(x[i], y[i], lr)
+            times[name].append((time.perf_counter() - t) / n)
+    med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
+    a, b, parts = med["(a) numpy"], med["(b) numpy + cypool"], med["numpy parts alone"]
+    print()
+    print(f"### What stays numpy, batch 1 (median of {rounds} rounds of {n} steps)")
+    print()
+    print("| network | us per sample | (a) / it |")
+    print("|---|---|---|")
+    for name, v in med.items():
+        print(f"| {name} | {v:.1f} | {a / v:.2f}x |")
+    print(f"\nWith conv and pool free, (b) could be at most {a / parts:.1f}x faster than (a); "
+          f"cypool's layers take {b - parts:.1f} us of (b)'s {b:.1f} us.")
 
 
 def main(argv=None):
@@ -185,6 +216,8 @@ def main(argv=None):
     for name, c in curves.items():
         print(f"| {name} | {per[name] * 1e6:.1f} | {per[name] * n_samples:.2f} | {per[name] * 60000:.1f} | "
               f"{c['loss'][-1]:.4f} | {c['acc'][-1]:.3f} | {per[name] / per[base]:.2f}x |")
+    if batch == 1 and not args.no_numpy:
+        floor_report(weights, xtr, ytr, lr, rounds=3 if args.quick else 7)
     plot = args.plot or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                      f"cnn-latest{'' if batch == 1 else f'-batch{batch}'}.png")
     plt = optional("matplotlib.pyplot")

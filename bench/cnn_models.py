@@ -238,6 +238,42 @@ class NumpyNet(_Net):
         return layer.backward(g, lr, input_grad)  # the library's layers step themselves
 
 
+class _FreeLayer:
+    """A stand-in for a convolution or a pool that costs nothing: it
+    returns arrays of the right shapes, made once."""
+
+    def __init__(self, out_shape, in_shape, dtype):
+        rng = np.random.default_rng(0)
+        self.out = rng.standard_normal(out_shape).astype(dtype)
+        self.grad_in = rng.standard_normal(in_shape).astype(dtype)
+
+    def forward(self, x):
+        return self.out
+
+    def backward(self, g, needs_input_grad=True):
+        return self.grad_in
+
+
+class NumpyPartsNet(_Net):
+    """The network's numpy parts alone (ReLU, dense, softmax cross-entropy,
+    SGD), with convolutions and pool that cost nothing. Its time per
+    sample is what (b) would take with infinitely fast layers: the bound
+    on how much faster than (a) swapping layers can make the network.
+    (It learns nothing; it is only timed.)"""
+
+    def __init__(self, weights: dict):
+        dt = weights["conv1.weight"].dtype
+        self.conv1 = _FreeLayer((2, 24, 24), (1, 28, 28), dt)
+        self.pool = _FreeLayer((2, 12, 12), (2, 24, 24), dt)
+        self.conv2 = _FreeLayer((2, 8, 8), (2, 12, 12), dt)
+        self.W = weights["dense.weight"].copy()
+        self.b = weights["dense.bias"].copy()
+
+    @staticmethod
+    def _conv_backward(layer, g, lr, input_grad):
+        return layer.backward(g)
+
+
 # --- PyTorch ---------------------------------------------------------------
 
 def torch_net(weights: dict, lr: float):

@@ -52,6 +52,24 @@ def test_numpy_network_agrees_with_cypool_network():
     np.testing.assert_array_equal(a.predict(x), b.predict(x))
 
 
+def test_numpy_parts_net_times_the_same_numpy_work():
+    """The bound bench_cnn.py prints stands only if the free layers hand
+    the numpy parts arrays of the real layers' shapes and dtype."""
+    rng = np.random.default_rng(1)
+    w = m.init_weights(0)
+    real, parts = m.CypoolNet(w), m.NumpyPartsNet(w)
+    x = rng.random((1, 28, 28)).astype(np.float32)
+    for name, inp in (("conv1", x), ("pool", None), ("conv2", None)):
+        real_layer, free = getattr(real, name), getattr(parts, name)
+        if inp is None:
+            inp = last
+        out = real_layer.forward(inp)
+        assert free.out.shape == out.shape and free.out.dtype == out.dtype
+        assert free.grad_in.shape == inp.shape and free.grad_in.dtype == inp.dtype
+        last = np.maximum(out, 0)
+    assert np.isfinite(parts.step(x, 3, 0.01))
+
+
 def test_cypool_network_learns_the_digits():
     pytest.importorskip("sklearn", reason="scikit-learn (a bench extra) not installed")
     xtr, ytr, xte, yte = m.load_digits_28()
