@@ -22,10 +22,9 @@
 DEF _SMALL_LANES = 16  # CYPOOL_SMALL_LANES of _maxpool_small.h
 DEF _SMALL_MAX_HW = 256
 DEF _SMALL_MAX_TAPS = 64
-# 3x3/stride 1/padding 1 pooling has a path of its own (_maxpool_flat3.pxi),
-# but on planes of at most this many 4-byte elements (7x7, 8x8) this one is
-# faster; from 10x10 up it is slower (bench/ab_kernels.py).
-DEF _SMALL_OVER_FLAT3_HW = 64
+# 3x3/stride 1/padding 1 pooling keeps a path of its own (_maxpool_flat3.pxi)
+# even on 7x7 planes: this one is faster there only while its input and
+# outputs are cached (docs/performance.md).
 
 
 cdef extern from "_maxpool_small.h" nogil:
@@ -48,10 +47,6 @@ cdef extern from "_maxpool_small.h" nogil:
 cdef bint _small_plane_fits(Py_ssize_t H, Py_ssize_t W, Py_ssize_t OH, Py_ssize_t OW,
                             Py_ssize_t kh, Py_ssize_t kw) noexcept nogil:
     return H * W <= _SMALL_MAX_HW and OH * OW <= _SMALL_MAX_HW and kh * kw <= _SMALL_MAX_TAPS
-
-
-cdef bint _small_beats_flat3(Py_ssize_t H, Py_ssize_t W, size_t itemsize) noexcept nogil:
-    return itemsize == 4 and H * W <= _SMALL_OVER_FLAT3_HW
 
 
 cdef void _small_tap_table(const PoolGeom* g, int32_t* taps, int32_t* ntaps) noexcept nogil:

@@ -85,8 +85,8 @@ def test_small_planes_many_channels(rng, trial):
 def test_small_planes_4_byte_transposes(rng, dtype, hw):
     """4-byte values go into and out of the planes-innermost layout in 8x8
     blocks: plane sizes and output counts that are and are not multiples
-    of 8, a partial last block of planes, both index dtypes; 3x3/s1/p1 on
-    7x7 and 8x8 planes takes this path rather than the flat one."""
+    of 8, a partial last block of planes, both index dtypes (3x3/s1/p1
+    takes the flat path)."""
     x = ref.random_values(rng, (2, 21) + hw, dtype, ties=True,
                           specials=np.dtype(dtype).kind == "f")
     for k, s, p in [(2, 2, 0), (3, 1, 1), (3, 2, 1), (1, 1, 0)]:
