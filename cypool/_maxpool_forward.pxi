@@ -146,7 +146,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     g.weave = g.stream_idx and g.flat3 and value_t is float and CYPOOL_FLAT3_SIMD
     if P == 0 or g.OH == 0 or g.OW == 0:
         return
-    if not scalar_only and not g.flat3 and _small_plane_fits(g.H, g.W, g.OH, g.OW, kh, kw):
+    if not g.flat3 and not scalar_only and _small_plane_fits(g.H, g.W, g.OH, g.OW, kh, kw):
         _forward_small(x, out, indices, with_indices, &g, num_threads)
         return
     # Read-only, shared by all threads: a row of lowest values and the code

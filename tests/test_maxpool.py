@@ -146,9 +146,8 @@ def test_specialised_paths(rng, case, dtype, stream, set_streams):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
 def test_3x3_stride1_pad1_flat_path(rng, shape, dtype, stream, set_streams):
     """3x3/s1/p1 ("same") pooling runs over small planes as one flat loop
-    with row-edge masks; planes of at most 64 4-byte elements take the
-    small-plane path instead, and rows of 40 and more, and (1, 1, 500, 30)
-    (above its size limit), the row path. Edges, ties, specials and
+    with row-edge masks; rows of 40 and more, and (1, 1, 500, 30) (above
+    its size limit), take the row path. Edges, ties, specials and
     all-lowest planes on both; indices written with plain stores and, as
     for inputs larger than the cache, with streaming stores."""
     set_streams(stream)
