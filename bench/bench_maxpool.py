@@ -9,7 +9,8 @@ a memory-bandwidth floor: numpy's x.copy() time scaled by the bytes the call
 must move, t_copy * (input + output + index bytes) / (2 * input bytes), and
 the backward likewise (gradient + index bytes read, input-gradient written).
 --as-called also times single forward calls as users make them (after a
-numpy matmul, into fresh pages) against the steady state, next to torch.
+numpy matmul, into fresh pages) against the steady state, next to torch,
+and cypool writing into buffers a loop reuses (out=).
 """
 from __future__ import annotations
 
@@ -90,7 +91,10 @@ def main(argv=None):
         floor_rows.append((case, {"cypool": r["cypool"], "floor": floor, "cypool bwd": rb["cypool"],
                                   "bwd floor": bfloor}))
         if args.as_called and (shape, k, s, p) in AS_CALLED:
-            called = {"cypool": fwd["cypool"]}
+            bufs = (np.empty_like(out), np.empty_like(idx))
+            called = {"cypool": fwd["cypool"],
+                      "cypool, out= reused": lambda: cypool.max_pool2d(
+                          x, k, s, p, return_indices=True, out=bufs, num_threads=n)}
             if torch is not None:
                 called["torch"] = fwd["torch"]
             called_rows.append((f"{case} forward with indices", as_called(called, reps)))

@@ -337,17 +337,17 @@ def unhashable(key):
     return key[1]
 
 
-def out_arg(out, shape: tuple, dtype: np.dtype) -> np.ndarray:
+def out_arg(out, shape: tuple, dtype: np.dtype, name: str = "out") -> np.ndarray:
     """out= as numpy means it: an array of exactly this shape and dtype,
     written in place; it must be C-contiguous and writable here."""
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        raise TypeError(f"{name} must be a numpy array, got {type(out).__name__}")
     if out.shape != shape:
-        raise ValueError(f"out must have shape {shape}, got {out.shape}")
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
     if out.dtype != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
+        raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype}")
     if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("out must be a writable, C-contiguous array")
+        raise ValueError(f"{name} must be a writable, C-contiguous array")
     return out
 
 
@@ -486,7 +486,8 @@ def conv_layer_args(in_channels, out_channels, kernel_size, dtype):
     return cin, cout, kh, kw, dt
 
 
-def no_overlap(out: np.ndarray, x: np.ndarray) -> None:
-    """An out= array must not share memory with the input it is computed from."""
+def no_overlap(out: np.ndarray, x: np.ndarray, name: str = "out", xname: str = "x") -> None:
+    """An out= array must not share memory with the input it is computed
+    from (or with another output)."""
     if np.may_share_memory(out, x):
-        raise ValueError("out must not overlap x")
+        raise ValueError(f"{name} must not overlap {xname}")

@@ -28,6 +28,7 @@ def max_pool2d(
     return_indices=False,
     *,
     index_dtype=np.int64,
+    out=None,
     num_threads=None,
 ):
     """2-D max pooling over the last two axes, optionally with argmax indices.
@@ -47,6 +48,11 @@ def max_pool2d(
         Also return the position of each maximum.
     index_dtype : np.int64 or np.int32, keyword-only
         dtype of the indices.
+    out : ndarray, or a tuple (values, indices) with return_indices, keyword-only
+        C-contiguous arrays of the output's shape (values in x's dtype,
+        indices in index_dtype) to write into and return, numpy's meaning
+        of ``out``: a loop that reuses them allocates nothing and does not
+        fault in fresh pages.
     num_threads : int or None, keyword-only
         Threads to use; None means OpenMP's default (``OMP_NUM_THREADS``,
         threadpoolctl limits). Small inputs always run on one thread.
@@ -71,23 +77,52 @@ def max_pool2d(
     kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = geom
     nt = chk.num_threads_arg(num_threads)
     idt = chk.index_dtype_arg(index_dtype, H * W) if return_indices else chk.INDEX_DTYPES[1]
+    shape = x.shape[:-2] + (OH, OW)
+    outs = None if out is None else _pool_outs(out, x, shape, idt, return_indices)
     planes = _planes(x, kd)
     P = planes.shape[0]
-    out = np.empty((P, OH, OW), dtype=kd)
-    idx = np.empty((P, OH, OW) if return_indices else (1, 1, 1), dtype=idt)
-    threads = threads_for(nt, planes.size + out.size, P)
-    stream = return_indices and streams(planes.nbytes + out.nbytes, idx.nbytes)
+    if outs is not None and kd == x.dtype:
+        res = outs[0].reshape(P, OH, OW)
+    else:
+        res = np.empty((P, OH, OW), dtype=kd)
+    if outs is not None and return_indices:
+        idx = outs[1].reshape(P, OH, OW)
+    else:
+        idx = np.empty((P, OH, OW) if return_indices else (1, 1, 1), dtype=idt)
+    threads = threads_for(nt, planes.size + res.size, P)
+    stream = return_indices and streams(planes.nbytes + res.nbytes, idx.nbytes)
     kernel("max_pool2d_forward", kd, idt)(
-        planes, out, idx, bool(return_indices), H * W >= chk.INT32_LIMIT, stream,
+        planes, res, idx, bool(return_indices), H * W >= chk.INT32_LIMIT, stream,
         kh, kw, sh, sw, ph, pw, dh, dw, threads,
     )
-    shape = x.shape[:-2] + (OH, OW)
-    out = out.reshape(shape)
+    if outs is not None:
+        if kd != x.dtype:
+            outs[0][...] = res.reshape(shape)  # computed widened, stored in x's dtype
+        return out
+    res = res.reshape(shape)
     if kd != x.dtype:
-        out = out.astype(x.dtype)
+        res = res.astype(x.dtype)
     if return_indices:
-        return out, idx.reshape(shape)
-    return out
+        return res, idx.reshape(shape)
+    return res
+
+
+def _pool_outs(out, x, shape, idt, return_indices):
+    """max_pool2d's out=, checked: (values, indices or None)."""
+    if return_indices:
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError("out must be a tuple (values, indices) when return_indices=True, "
+                            f"got {type(out).__name__}")
+        values = chk.out_arg(out[0], shape, x.dtype, "out[0]")
+        indices = chk.out_arg(out[1], shape, idt, "out[1]")
+        chk.no_overlap(indices, values, "out[1]", "out[0]")
+        chk.no_overlap(indices, x, "out[1]")
+    else:
+        if isinstance(out, tuple):
+            raise TypeError("out must be one array when return_indices=False, got a tuple")
+        values, indices = chk.out_arg(out, shape, x.dtype), None
+    chk.no_overlap(values, x, "out[0]" if return_indices else "out")
+    return values, indices
 
 
 def _place(name, values, kd, indices, out_shape, num_threads, bound, shape_args=()):

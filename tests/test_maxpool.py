@@ -304,6 +304,74 @@ def test_unbatched_and_int32_indices(rng):
     np.testing.assert_array_equal(idx, ridx)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int8])
+@pytest.mark.parametrize("trial", range(6))
+def test_out_argument_matches_the_reference(rng, dtype, trial):
+    """out= is written in full and returned (poisoned buffers, every thread
+    count, both index dtypes, batched and unbatched, a non-contiguous
+    input; float16 and int8 are computed widened and stored back)."""
+    shape, cfg = random_config(rng)
+    x = ref.random_values(rng, shape, dtype, ties=True, specials=np.dtype(dtype).kind == "f")
+    if trial % 2:
+        x = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    if trial % 3 == 2:
+        x = x[0]
+    rout, ridx = ref_pool(x, cfg)
+    poison = 7 if np.dtype(dtype).kind == "i" else np.nan
+    for nt in (1, 2):
+        for index_dtype in (np.int64, np.int32):
+            vals = np.full(rout.shape, poison, dtype)
+            ind = np.full(rout.shape, -5, index_dtype)
+            got = cypool.max_pool2d(x, **cfg, return_indices=True, index_dtype=index_dtype,
+                                    out=(vals, ind), num_threads=nt)
+            assert got[0] is vals and got[1] is ind
+            assert_same(vals, rout)
+            assert_same(ind, ridx.astype(index_dtype))
+        vals = np.full(rout.shape, poison, dtype)
+        assert cypool.max_pool2d(x, **cfg, out=vals, num_threads=nt) is vals
+        assert_same(vals, rout)
+
+
+def test_out_argument_bad_input():
+    x = np.zeros((2, 3, 8, 8), np.float32)
+    good_v, good_i = np.empty((2, 3, 4, 4), np.float32), np.empty((2, 3, 4, 4), np.int64)
+    cases = [
+        (dict(out=np.empty((2, 3, 4, 5), np.float32)), ValueError, "out must have shape"),
+        (dict(out=np.empty((2, 3, 4, 4), np.float64)), TypeError, "out must have dtype"),
+        (dict(out=np.empty((2, 3, 4, 8), np.float32)[..., ::2]), ValueError, "out must be a writable"),
+        (dict(out=[0.0]), TypeError, "out must be a numpy array"),
+        (dict(out=(good_v, good_i)), TypeError, "out must be one array"),
+        (dict(out=good_v, return_indices=True), TypeError, "out must be a tuple"),
+        (dict(out=(good_v,), return_indices=True), TypeError, "out must be a tuple"),
+        (dict(out=(good_v, np.empty((2, 3, 4, 4), np.int32)), return_indices=True), TypeError,
+         r"out\[1\] must have dtype"),
+        (dict(out=(np.empty((3, 4, 4), np.float32), good_i), return_indices=True), ValueError,
+         r"out\[0\] must have shape"),
+        (dict(out=(good_v, np.empty((2, 3, 4, 2), np.int64)), return_indices=True), ValueError,
+         r"out\[1\] must have shape"),
+    ]
+    for kwargs, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            cypool.max_pool2d(x, 2, **kwargs)
+    read_only = np.empty((2, 3, 4, 4), np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="out must be a writable"):
+        cypool.max_pool2d(x, 2, out=read_only)
+    # Outputs that overlap the input or each other.
+    buf = np.zeros(2 * 3 * 8 * 8 * 2, np.float32)
+    xa = buf[:x.size].reshape(x.shape)
+    with pytest.raises(ValueError, match="out must not overlap x"):
+        cypool.max_pool2d(xa, 2, out=buf[:96].reshape(2, 3, 4, 4))
+    with pytest.raises(ValueError, match=r"out\[1\] must not overlap x"):
+        cypool.max_pool2d(xa, 2, return_indices=True,
+                          out=(good_v, buf[:192].view(np.int64).reshape(2, 3, 4, 4)))
+    shared = np.zeros(96 * 2, np.int64)
+    with pytest.raises(ValueError, match=r"out\[1\] must not overlap out\[0\]"):
+        cypool.max_pool2d(x, 2, return_indices=True,
+                          out=(shared.view(np.float32)[:96].reshape(2, 3, 4, 4),
+                               shared[:96].reshape(2, 3, 4, 4)))
+
+
 @pytest.mark.parametrize("trial", range(20))
 def test_scalar_path_for_huge_planes_agrees(rng, trial):
     # Planes of 2**31+ elements take the scalar kernel; check it on small ones.
