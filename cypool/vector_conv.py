@@ -62,14 +62,19 @@ SMALL_E_FORWARD = 8
 SMALL_E_BACKWARD = 16
 
 
-def _component_views(a5: np.ndarray, n: int) -> np.ndarray:
-    """Image n of a (N, C, H, W, E) array as E images (E, C, H, W): a view."""
-    return a5[n].transpose(3, 0, 1, 2)
+def _component_images(a5: np.ndarray):
+    """The NCHW batches conv2d's kernels run on, as views of a
+    (N, C, H, W, E) array: at E = 1 the whole batch, (N, C, H, W), in one
+    call; otherwise image n as E images (E, C, H, W), one call an image."""
+    if a5.shape[4] == 1:
+        return (a5[..., 0],)
+    return [a5[n].transpose(3, 0, 1, 2) for n in range(a5.shape[0])]
 
 
 def _small_e_plan(x5, weight, geom):
     kh, kw, sh, sw, ph, pw, dh, dw = geom
-    return conv.plan((x5.shape[4],) + x5.shape[1:4], weight.shape, (sh, sw), (ph, pw), (dh, dw))
+    N, C, H, W, E = x5.shape
+    return conv.plan((N if E == 1 else E, C, H, W), weight.shape, (sh, sw), (ph, pw), (dh, dw))
 
 
 def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_threads=None):
@@ -106,8 +111,8 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
         # conv2d's bias goes to every component image: at E = 1, that is
         # component 0; otherwise it is added to component 0 afterwards.
         kb = b if E == 1 else chk.no_bias(dt)
-        for n in range(N):
-            conv.forward_into(_component_views(out, n), _component_views(x5, n), weight, kb, plan, nt)
+        for res, xi in zip(_component_images(out), _component_images(x5)):
+            conv.forward_into(res, xi, weight, kb, plan, nt)
         if bias is not None and E > 1:
             out[..., 0] += b[:, None, None]
         return out if batched else out[0]
@@ -190,26 +195,25 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
 
 def _small_e_backward(g5, x5, weight, plan, batched, needs_input_grad, needs_weight_grad, nt):
     """(grad_x, grad_w, grad_bias) of a small-E convolution, by conv2d's
-    kernels on the E component images of each image, the weight gradients
-    added in image order. At E = 1, conv2d's bias gradient (the sum over
-    the one component image) is grad_bias."""
+    kernels on the component images (_component_images), the weight
+    gradients of successive calls added in image order. At E = 1, conv2d's
+    bias gradient (the sum over the one component image) is grad_bias."""
     E = x5.shape[4]
     grad_x = grad_w = grad_bias = None
     if needs_input_grad:
         gx = np.empty(x5.shape, dtype=x5.dtype)
-        for n in range(x5.shape[0]):
-            conv.input_grad_into(_component_views(gx, n), _component_views(g5, n), weight, plan, nt)
+        for gxi, gi in zip(_component_images(gx), _component_images(g5)):
+            conv.input_grad_into(gxi, gi, weight, plan, nt)
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
         O = weight.shape[0]
         gb = np.empty(O, dtype=x5.dtype)  # conv2d's: summed over all E components
-        for n in range(x5.shape[0]):
+        for gi, xi in zip(_component_images(g5), _component_images(x5)):
             gw = np.empty((O, weight[0].size), dtype=x5.dtype)
-            gc = np.ascontiguousarray(_component_views(g5, n))
-            conv.weight_grad_into(gw, gb, gc, _component_views(x5, n), plan, nt)
+            conv.weight_grad_into(gw, gb, chk.contiguous(gi, x5.dtype), xi, plan, nt)
             grad_w = gw if grad_w is None else grad_w + gw
-            if E == 1:
-                grad_bias = gb.copy() if grad_bias is None else grad_bias + gb
+        if E == 1:
+            grad_bias = gb
         grad_w = grad_w.reshape(weight.shape)
     if grad_bias is None:
         grad_bias = g5[..., 0].sum(axis=(0, 2, 3))

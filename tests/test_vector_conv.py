@@ -256,3 +256,10 @@ def test_small_e_sweep_matches_reference(rng, E, dtype):
     np.testing.assert_allclose(cypool.vector_conv2d(x[1], w, b, **geo), out[1], **tol(dtype))
     xv = np.ascontiguousarray(x[:, :, ::-1])[:, :, ::-1]
     np.testing.assert_array_equal(cypool.vector_conv2d(xv, w, b, **geo), out)
+    # The backward of non-contiguous views, on one thread and two (at E = 1
+    # the whole batch is one NCHW call).
+    gv = np.ascontiguousarray(g[:, :, ::-1])[:, :, ::-1]
+    for nt in (1, 2):
+        for got, want in zip(cypool.vector_conv2d_backward(gv, xv, w, **geo, num_threads=nt),
+                             ref.vector_conv2d_backward(g.astype(np.float64), x64, w64, *args)):
+            np.testing.assert_allclose(got, want, **tol(dtype))
