@@ -77,9 +77,26 @@ static inline void NAME(ptrdiff_t ntaps, const T *const *xs, ptrdiff_t xoff,    
     ROWS(COLS, CYPOOL_VC_STORE)                                                      \
 }
 
+/* A tile of 4 output channels by one component of E, for the end of E. */
+#define CYPOOL_VC_TILE1(NAME, T)                                                     \
+static inline void NAME(ptrdiff_t ntaps, const T *const *xs, ptrdiff_t xoff,        \
+        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias)      \
+{                                                                                    \
+    T a0 = 0, a1 = 0, a2 = 0, a3 = 0;                                                \
+    for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
+        const T *wp = w + t * ldw;                                                   \
+        T x = xs[t][xoff];                                                           \
+        a0 += wp[0] * x; a1 += wp[1] * x; a2 += wp[2] * x; a3 += wp[3] * x;          \
+    }                                                                                \
+    if (bias) { a0 += bias[0]; a1 += bias[1]; a2 += bias[2]; a3 += bias[3]; }        \
+    outs[0][e0] = a0; outs[1][e0] = a1; outs[2][e0] = a2; outs[3][e0] = a3;          \
+}
+
 #define CYPOOL_VC_FULL(T, SUF, EB)                                                   \
 typedef T cypool_vc_v_##SUF __attribute__((vector_size(CYPOOL_VC_VBYTES), aligned(sizeof(T)))); \
 typedef T cypool_vc_h_##SUF __attribute__((vector_size(CYPOOL_VC_VBYTES / 2), aligned(sizeof(T)))); \
+typedef T cypool_vc_q_##SUF __attribute__((vector_size(4 * sizeof(T)), aligned(sizeof(T)))); \
+typedef T cypool_vc_d_##SUF __attribute__((vector_size(2 * sizeof(T)), aligned(sizeof(T)))); \
 enum { CYPOOL_VC_VL_##SUF = CYPOOL_VC_VBYTES / sizeof(T) };                           \
 CYPOOL_VC_TILE(cypool_vc_tile_full_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C3) \
 CYPOOL_VC_TILE(cypool_vc_tile_full8_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R8, CYPOOL_VC_C3) \
@@ -88,6 +105,34 @@ CYPOOL_VC_TILE(cypool_vc_tile_one_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYP
 /* Half a vector (8 floats or 4 doubles): the end of E, and all of a small  \
  * E, in the AVX-512 build. */                                                \
 CYPOOL_VC_TILE(cypool_vc_tile_half_##SUF, T, cypool_vc_h_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C1) \
+/* The end of E shorter than every tile above (ne < one vector): tiles of   \
+ * 4, 2 and 1 components, the accumulators in registers. The edge tile below \
+ * takes a variable count, keeps them in memory, and cost several times a    \
+ * full vector's for 1 to 7 components. Returns 0 for a longer block. */      \
+CYPOOL_VC_TILE(cypool_vc_tile_q4_##SUF, T, cypool_vc_q_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C1) \
+CYPOOL_VC_TILE(cypool_vc_tile_q2_##SUF, T, cypool_vc_d_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C1) \
+CYPOOL_VC_TILE1(cypool_vc_tile_q1_##SUF, T)                                          \
+static inline int cypool_vc_tile_part_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne,       \
+        T *const *outs, const T *bias)                                               \
+{                                                                                    \
+    if (ne >= CYPOOL_VC_VL_##SUF || ne >= 8)                                         \
+        return 0;                                                                    \
+    ptrdiff_t e = 0;                                                                 \
+    if (ne - e >= 4) {                                                               \
+        cypool_vc_tile_q4_##SUF(ntaps, xs, xoff + e, w, ldw, e0 + e, outs, bias);    \
+        e += 4;                                                                      \
+        bias = NULL;                                                                 \
+    }                                                                                \
+    if (ne - e >= 2) {                                                               \
+        cypool_vc_tile_q2_##SUF(ntaps, xs, xoff + e, w, ldw, e0 + e, outs, bias);    \
+        e += 2;                                                                      \
+        bias = NULL;                                                                 \
+    }                                                                                \
+    if (ne - e >= 1)                                                                 \
+        cypool_vc_tile_q1_##SUF(ntaps, xs, xoff + e, w, ldw, e0 + e, outs, bias);    \
+    return 1;                                                                        \
+}                                                                                    \
                                                                                      \
 /* gw[o * ldgw + tap[t]] += dot(gs[o][:E], xs[t][:E]), full OB x TB block. */       \
 static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const *xs, \
@@ -170,6 +215,12 @@ static inline void cypool_vc_dots_full_##SUF(const T *const *gs, const T *const 
         const ptrdiff_t *tap, ptrdiff_t E, T *gw, ptrdiff_t ldgw)                    \
 {                                                                                    \
     cypool_vc_dots_edge_##SUF(CYPOOL_VC_OB, gs, CYPOOL_VC_TB, xs, tap, E, gw, ldgw); \
+}                                                                                    \
+static inline int cypool_vc_tile_part_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne,       \
+        T *const *outs, const T *bias)                                               \
+{                                                                                    \
+    return 0; /* the edge tile takes it */                                           \
 }
 #endif
 
@@ -242,7 +293,9 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
             cypool_vc_tile_one_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
         else if (CYPOOL_VC_HALF_TAIL && no == CYPOOL_VC_OB && ne == EB / 6)          \
             cypool_vc_tile_half_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
-        else                                                                         \
+        else if (!(no == CYPOOL_VC_OB                                                \
+                   && cypool_vc_tile_part_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, \
+                                                outs + o0, b)))                      \
             cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, no,      \
                                       outs + o0, b);                                 \
     }                                                                                \

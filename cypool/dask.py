@@ -410,7 +410,8 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     x = x.rechunk({lead: -1, lead + 1: -1, lead + 2: -1})
     g = g.rechunk(x.chunks[:lead] + ((want[lead],), (OH,), (OW,), x.chunks[-1]))
     params = (stride, padding, dilation)
-    small_e = x.shape[-1] <= _vconv.SMALL_E_BACKWARD  # the whole array's kernels, in every chunk
+    # the whole array's kernels, in every chunk
+    small_e = _vconv.backward_by_conv(x.shape[-1], *geom[2:4])
     grad_x = grad_w = None
     if needs_input_grad:
         fn = partial(_input_grad_block, weight=weight, params=params, small_e=small_e, num_threads=nt)

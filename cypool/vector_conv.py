@@ -47,19 +47,29 @@ def _checks_and_plan(x, weight, stride, padding, dilation):
     """chk.vector_conv_args, and at small E the plan of conv2d's kernels, so
     that a repeated call (a training loop) makes neither again."""
     x5, weight, batched, (geom, out_hw) = chk.vector_conv_args(x, weight, stride, padding, dilation)
-    plan = _small_e_plan(x5, weight, geom) if x5.shape[4] <= SMALL_E_BACKWARD else None
+    E, (sh, sw) = x5.shape[4], geom[2:4]
+    by_conv = forward_by_conv(E, sh, sw) or backward_by_conv(E, sh, sw)
+    plan = _small_e_plan(x5, weight, geom) if by_conv else None
     return x5, weight, batched, (geom, out_hw, plan)
 
 
-# Up to these many components per pixel, the convolution (forward, and
-# backward) runs as a standard NCHW convolution of the E component images
-# (conv2d's kernels, through strided views: no copy of x or of the output),
-# which vectorises along output positions; the E-vectorised tiles leave most
-# of a vector empty. The forward's crossover is lower: writing each
-# component image's outputs E values apart is scalar (bench/README.md has
-# the sweep).
-SMALL_E_FORWARD = 8
-SMALL_E_BACKWARD = 16
+# At small E the convolution (forward, or backward) can run as a standard
+# NCHW convolution of the E component images (conv2d's kernels, through
+# strided views: no copy of x or of the output), which vectorises along
+# output positions, where the E-vectorised tiles leave most of a vector
+# empty. Which way is faster depends on E and the stride (bench/README.md
+# and docs/performance.md have the measurements behind these rules).
+
+def forward_by_conv(E: int, sh: int, sw: int) -> bool:
+    """Whether the forward takes conv2d's kernels: below E = 16, except a
+    strided convolution at E = 8, which fills a vector tile."""
+    return E < 16 and (E % 8 != 0 or sh == sw == 1)
+
+
+def backward_by_conv(E: int, sh: int, sw: int) -> bool:
+    """Whether the backward takes conv2d's kernels: up to E = 20, and up
+    to E = 32 at stride 1."""
+    return E <= 20 or (E <= 32 and sh == sw == 1)
 
 
 def _component_images(a5: np.ndarray):
@@ -107,7 +117,7 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     dt = x5.dtype
     b = chk.bias_arg(bias, O, dt)
     out = np.empty((N, O, OH, OW, E), dtype=dt)
-    if E <= SMALL_E_FORWARD:
+    if forward_by_conv(E, *geom[2:4]):
         # conv2d's bias goes to every component image: at E = 1, that is
         # component 0; otherwise it is added to component 0 afterwards.
         kb = b if E == 1 else chk.no_bias(dt)
@@ -152,8 +162,8 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
 
 def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad, needs_weight_grad,
              num_threads, small_e=None):
-    """vector_conv2d_backward; small_e chooses the kernels (None: by E, as
-    the public function does). cypool.dask passes the choice of the whole
+    """vector_conv2d_backward; small_e chooses the kernels (None: by
+    backward_by_conv, as the public function does). cypool.dask passes the choice of the whole
     array to each of its E chunks, so that the input gradient of every
     chunk is the one the whole array gets, bit for bit."""
     x5, batched, weight, geom, (OH, OW), plan = _conv_args(x, weight, stride, padding, dilation)
@@ -166,7 +176,7 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
     g5 = chk.contiguous(g if batched else g[None], dt)
     grad_x = grad_w = None
     if small_e is None:
-        small_e = E <= SMALL_E_BACKWARD
+        small_e = backward_by_conv(E, sh, sw)
     if small_e:
         if plan is None:
             plan = _small_e_plan(x5, weight, geom)

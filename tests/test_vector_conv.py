@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import cypool
+import cypool.vector_conv as vc
 import reference as ref
 from helpers import torch_or_skip
 
@@ -233,11 +234,45 @@ def test_e_chunked_sweep_matches(rng, monkeypatch):
     np.testing.assert_allclose(gw, rgw, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("O", [8, 6])
+def test_vector_tiles_at_every_end_of_e(rng, monkeypatch, dtype, O):
+    # The E-vectorised tiles forced at E = 1 to 25 (at small E conv2d's
+    # kernels take the call): every partial block at the end of E, of 1 to
+    # 7 components after the vector tiles, with the bias on component 0,
+    # and 4 output channels at a time (O = 8) or an edge of 2 (O = 6).
+    monkeypatch.setattr(vc, "forward_by_conv", lambda E, sh, sw: False)
+    monkeypatch.setattr(vc, "backward_by_conv", lambda E, sh, sw: False)
+    for E in range(1, 26):
+        x = rng.standard_normal((2, 3, 7, 6, E)).astype(dtype)
+        x[0, 1, 2, :, :] = 0.0
+        w = rng.standard_normal((O, 3, 3, 2)).astype(dtype)
+        b = rng.standard_normal(O).astype(dtype)
+        x64, w64 = x.astype(np.float64), w.astype(np.float64)
+        out = cypool.vector_conv2d(x, w, b, (2, 1), 1)
+        np.testing.assert_allclose(out, ref.vector_conv2d(x64, w64, b.astype(np.float64), (2, 1), (1, 1),
+                                                          (1, 1)), **tol(dtype), err_msg=f"E = {E}")
+        g = rng.standard_normal(out.shape).astype(dtype)
+        for got, want in zip(cypool.vector_conv2d_backward(g, x, w, (2, 1), 1),
+                             ref.vector_conv2d_backward(g.astype(np.float64), x64, w64, (2, 1), (1, 1),
+                                                        (1, 1))):
+            np.testing.assert_allclose(got, want, **tol(dtype), err_msg=f"E = {E}")
+
+
+@pytest.mark.parametrize("E,stride,forward,backward", [
+    (1, 1, True, True), (7, 2, True, True), (8, 1, True, True), (8, 2, False, True),
+    (15, 1, True, True), (16, 1, False, True), (20, 2, False, True), (24, 1, False, True),
+    (24, 2, False, False), (32, 1, False, True), (33, 1, False, False)])
+def test_crossover_rules(E, stride, forward, backward):
+    assert vc.forward_by_conv(E, stride, stride) is forward
+    assert vc.backward_by_conv(E, stride, stride) is backward
+
+
 @pytest.mark.parametrize("E", [1, 2, 4, 8, 16, 32])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_small_e_sweep_matches_reference(rng, E, dtype):
     # The E values of the small-E sweep, on both sides of each crossover
-    # (cypool.vector_conv.SMALL_E_FORWARD / SMALL_E_BACKWARD), batched,
+    # (cypool.vector_conv.forward_by_conv / backward_by_conv), batched,
     # with padding, stride and dilation, and ties and specials in x.
     x = rng.standard_normal((2, 3, 11, 9, E)).astype(dtype)
     x[0, 1, 2, 3, :] = 0.0
