@@ -192,10 +192,10 @@ class VectorConv2d(Layer):
         _conv_init(self, in_channels, out_channels, kernel_size, stride, padding, dilation, bias,
                    dtype, rng, num_threads, chk.step_params)
 
-    def forward(self, x):
-        """Convolve x; in training mode keep it for backward."""
+    def forward(self, x, *, out=None):
+        """Convolve x (into ``out`` if given); in training mode keep x for backward."""
         out = vector_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                            num_threads=self.num_threads)
+                            out=out, num_threads=self.num_threads)
         if self.training:
             self._cache = x
         return out

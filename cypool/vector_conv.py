@@ -87,7 +87,8 @@ def _small_e_plan(x5, weight, geom):
     return conv.plan((N if E == 1 else E, C, H, W), weight.shape, (sh, sw), (ph, pw), (dh, dw))
 
 
-def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_threads=None):
+def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None,
+                  num_threads=None):
     """2-D convolution over images whose pixels are vectors.
 
     Parameters
@@ -103,6 +104,10 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
         input channel, contradicting its own rule; cypool follows the rule.
     stride, padding, dilation : int or (int, int)
         As in ``torch.nn.Conv2d``; padding is zeros in every component.
+    out : ndarray, optional, keyword-only
+        C-contiguous array of the output's shape and dtype to write into
+        (numpy's meaning: it is filled and returned), for loops that reuse
+        their buffers; it must not overlap x, weight or bias.
     num_threads : int or None, keyword-only
         None follows OpenMP's default.
 
@@ -111,29 +116,44 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     out : C-contiguous ndarray, shape (O, OH, OW, E) or (N, O, OH, OW, E)
     """
     x5, batched, weight, geom, (OH, OW), plan = _conv_args(x, weight, stride, padding, dilation)
-    N, C, H, W, E = x5.shape
-    O, _, kh, kw = weight.shape
+    N, E, O = x5.shape[0], x5.shape[4], weight.shape[0]
     nt = chk.num_threads_arg(num_threads)
     dt = x5.dtype
     b = chk.bias_arg(bias, O, dt)
-    out = np.empty((N, O, OH, OW, E), dtype=dt)
+    if out is None:
+        res = np.empty((N, O, OH, OW, E), dtype=dt)
+    else:
+        res = chk.out_arg(out, (N, O, OH, OW, E) if batched else (O, OH, OW, E), dt)
+        res = res if batched else res[None]
+        for a, name in ((x5, "x"), (weight, "weight"), (b, "bias")):
+            chk.no_overlap(res, a, xname=name)
     if forward_by_conv(E, *geom[2:4]):
         # conv2d's bias goes to every component image: at E = 1, that is
         # component 0; otherwise it is added to component 0 afterwards.
         kb = b if E == 1 else chk.no_bias(dt)
-        for res, xi in zip(_component_images(out), _component_images(x5)):
-            conv.forward_into(res, xi, weight, kb, plan, nt)
+        for ri, xi in zip(_component_images(res), _component_images(x5)):
+            conv.forward_into(ri, xi, weight, kb, plan, nt)
         if bias is not None and E > 1:
-            out[..., 0] += b[:, None, None]
-        return out if batched else out[0]
+            res[..., 0] += b[:, None, None]
+    else:
+        _tiles_forward(x5, weight, b, res, geom, nt)
+    if out is not None:
+        return out
+    return res if batched else res[0]
+
+
+def _tiles_forward(x5, weight, b, out, geom, nt):
+    """out (N, O, OH, OW, E), C-contiguous = the convolution of x5 by the
+    E-vectorised tiles."""
+    N, C, H, W, E = x5.shape
+    O, _, kh, kw = weight.shape
+    dt = x5.dtype
     xc = chk.contiguous(x5, dt)
     wt = padded_columns(weight.reshape(O, C * kh * kw).T)  # (K, O padded): one row per tap
-    threads = threads_for(nt, xc.size + out.size, N * OH * OW)
-    kh_, kw_, sh_, sw_ = geom[:4]
-    ec = _e_chunk(E, kh_, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors
+    threads = threads_for(nt, xc.size + out.size, N * out.shape[2] * out.shape[3])
+    ec = _e_chunk(E, kh, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors
     b = padded_columns(b[None, :])[0] if b.size else b
     kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *geom, ec, threads)
-    return out if batched else out[0]
 
 
 def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,

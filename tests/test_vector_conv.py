@@ -208,6 +208,58 @@ def test_backward_bad_grad_output():
         cypool.vector_conv2d_backward(g.astype(np.float64), X, Wt)
 
 
+@pytest.mark.parametrize("E", [1, 3, 8, 40])
+def test_out_argument(rng, E):
+    # Both ways of computing it (conv2d's kernels at small E, the tiles at
+    # E = 40), batched and not, into a poisoned buffer.
+    x = rng.standard_normal((2, 3, 9, 8, E)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    want = cypool.vector_conv2d(x, w, b, stride=(1, 2))
+    np.testing.assert_allclose(want, ref.vector_conv2d(x.astype(np.float64), w.astype(np.float64),
+                                                       b.astype(np.float64), (1, 2), (0, 0), (1, 1)),
+                               rtol=1e-4, atol=1e-4)
+    out = np.full(want.shape, np.nan, np.float32)
+    assert cypool.vector_conv2d(x, w, b, stride=(1, 2), out=out) is out
+    np.testing.assert_array_equal(out, want)
+    out1 = np.full(want.shape[1:], np.nan, np.float32)
+    assert cypool.vector_conv2d(x[1], w, b, stride=(1, 2), out=out1) is out1
+    np.testing.assert_array_equal(out1, want[1])
+    layer = cypool.VectorConv2d(3, 4, (3, 2), stride=(1, 2), rng=0)
+    out.fill(np.nan)
+    assert layer(x, out=out) is out
+    np.testing.assert_array_equal(out, layer(x))
+
+
+def test_out_argument_bad_input(rng):
+    x = rng.standard_normal((2, 3, 9, 8, 5)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = np.zeros(4, np.float32)
+    for bad, exc in [(np.empty((2, 4, 7, 6, 4), np.float32), ValueError),
+                     (np.empty((4, 7, 6, 5), np.float32), ValueError),
+                     (np.empty((2, 4, 7, 6, 5), np.float64), TypeError),
+                     (np.empty((2, 4, 7, 6, 10), np.float32)[..., ::2], ValueError),
+                     (np.empty((2, 4, 7, 6, 5), np.float32)[::-1], ValueError),
+                     ([0.0], TypeError)]:
+        with pytest.raises(exc, match="out"):
+            cypool.vector_conv2d(x, w, b, out=bad)
+    ro = np.empty((2, 4, 7, 6, 5), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out"):
+        cypool.vector_conv2d(x, w, b, out=ro)
+    # Sharing memory with an input: x itself, the weight or the bias.
+    sq = np.zeros((1, 1, 4, 4, 2), np.float32)
+    with pytest.raises(ValueError, match="out must not overlap x"):
+        cypool.vector_conv2d(sq, np.ones((1, 1, 1, 1), np.float32), out=sq)
+    buf = np.zeros(2 * 4 * 7 * 6 * 5 + 2, np.float32)
+    with pytest.raises(ValueError, match="out must not overlap bias"):
+        cypool.vector_conv2d(x, w, buf[-4:], out=buf[:-2].reshape(2, 4, 7, 6, 5))
+    wbuf = np.zeros(4 * 3 * 3 * 3 + 2 * 4 * 7 * 6 * 5, np.float32)
+    wv = wbuf[:108].reshape(4, 3, 3, 3)
+    with pytest.raises(ValueError, match="out must not overlap weight"):
+        cypool.vector_conv2d(x, wv, b, out=wbuf[100:100 + 1680].reshape(2, 4, 7, 6, 5))
+
+
 def test_layer_bad_parameters():
     with pytest.raises(ValueError, match="channels"):
         cypool.VectorConv2d(0, 3, 3)
