@@ -220,8 +220,8 @@ def kernel(name: str, *dtypes: np.dtype):
 
 def padded_columns(a: np.ndarray) -> np.ndarray:
     """a (rows, n) as C-contiguous (rows, n') with zero columns up to a
-    multiple of the convolution tiles' channel block, so that every
-    register tile is a full one."""
+    multiple of the convolution tiles' channel block: the layout the
+    kernels take their weights in."""
     blk = kernel("channel_block")()
     n = a.shape[1]
     npad = -(-n // blk) * blk

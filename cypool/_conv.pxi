@@ -213,7 +213,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
             # after it: its tiles stop at ne.
             _vc_pixel(j.K, xs, wt, j.Op, 0,
                       ne if j.direct and n >= j.direct_spill else min(j.ce, (ne + vt - 1) // vt * vt),
-                      j.Op, outs, <const floating*>NULL, pack, pp)
+                      j.O, outs, <const floating*>NULL, pack, pp)
             # The chunk's real outputs (columns ow < OW), plus the bias.
             for o in range(j.O):
                 b = bias[o] if bias != NULL else 0
@@ -431,7 +431,7 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
                 for t in range(nr):
                     acc = acc + gT[t * Op + o]
                 gb[o] += acc
-            _vc_pixel(nr, rows, gT, Op, 0, K, Op, outs, <const floating*>NULL, pack, pp)
+            _vc_pixel(nr, rows, gT, Op, 0, K, j.O, outs, <const floating*>NULL, pack, pp)
             for o in range(j.O):
                 for k in range(K):
                     gw[o * K + k] += part[o * K + k]

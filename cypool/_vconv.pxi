@@ -138,8 +138,9 @@ cdef inline void _conv_geom(ConvGeom* g, Py_ssize_t N, Py_ssize_t C, Py_ssize_t 
 
 
 def channel_block():
-    """Output channels per register tile: callers pad weight rows to a
-    multiple of it (zero columns) so every tile is a full one."""
+    """Output channels per register tile. Callers pad the weights' channel
+    columns to a multiple of it (zero columns); a last block of 1 to 3
+    channels takes tiles of its own width."""
     return CYPOOL_VC_OB
 
 
@@ -150,16 +151,13 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
     """Output pixels [q0, q1) (pixel q is (n, oh, ow) in row-major order),
     E in chunks of e_chunk, with buffers of this thread's own; 1 when out
     of memory."""
-    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, pad, e_lo
+    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, e_lo
     cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(Op * sizeof(void*))
-    cdef floating* scratch = <floating*>malloc(g.E * sizeof(floating))
     cdef const floating** pp = _pack_new(K, <floating*>NULL)
     cdef floating* pack = _pack_rows(pp, K)
-    cdef int failed = xs == NULL or outs == NULL or scratch == NULL or pp == NULL
+    cdef int failed = xs == NULL or outs == NULL or pp == NULL
     if not failed:
-        for pad in range(g.O, Op):
-            outs[pad] = scratch  # padding channels: computed, discarded
         e_lo = 0
         while e_lo < g.E:
             for q in range(q0, q1):
@@ -169,12 +167,11 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
                 _all_taps(&x[n, 0, 0, 0, 0], g, oh, ow, zero, xs)
                 for o in range(g.O):
                     outs[o] = &out[n, o, oh, ow, 0]
-                _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, min(e_lo + e_chunk, g.E), Op, outs, bptr,
+                _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, min(e_lo + e_chunk, g.E), g.O, outs, bptr,
                           pack, pp)
             e_lo = e_lo + e_chunk
     free(xs)
     free(outs)
-    free(scratch)
     free(pp)
     return failed
 
@@ -226,20 +223,16 @@ cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating
     in chunks of e_chunk, with buffers of this thread's own; 1 when out of
     memory."""
     cdef Py_ssize_t K = w2.shape[0], Cp = w2.shape[1], q, n, ih, iw, i, j, o, c, a, b, oh, ow
-    cdef Py_ssize_t ntaps, pad, e_lo
+    cdef Py_ssize_t ntaps, e_lo
     cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(Cp * sizeof(void*))
     cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
     cdef floating* wbuf = <floating*>malloc(K * Cp * sizeof(floating))
-    cdef floating* scratch = <floating*>malloc(g.E * sizeof(floating))
     cdef const floating** pp = _pack_new(K, <floating*>NULL)
     cdef floating* pack = _pack_rows(pp, K)
     cdef const floating* wrows
-    cdef int failed = (xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL
-                       or scratch == NULL or pp == NULL)
+    cdef int failed = xs == NULL or outs == NULL or kidx == NULL or wbuf == NULL or pp == NULL
     if not failed:
-        for pad in range(g.C, Cp):
-            outs[pad] = scratch  # padding channels: computed, discarded
         e_lo = 0
         while e_lo < g.E:
             for q in range(q0, q1):
@@ -268,14 +261,13 @@ cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating
                         memset(outs[c] + e_lo, 0, (min(e_lo + e_chunk, g.E) - e_lo) * sizeof(floating))
                 else:
                     wrows = _weight_rows(&w2[0, 0], Cp, ntaps, K, kidx, wbuf)
-                    _vc_pixel(ntaps, xs, wrows, Cp, e_lo, min(e_lo + e_chunk, g.E), Cp, outs,
+                    _vc_pixel(ntaps, xs, wrows, Cp, e_lo, min(e_lo + e_chunk, g.E), g.C, outs,
                               <const floating*>NULL, pack, pp)
             e_lo = e_lo + e_chunk
     free(xs)
     free(outs)
     free(kidx)
     free(wbuf)
-    free(scratch)
     free(pp)
     return failed
 

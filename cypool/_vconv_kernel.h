@@ -53,6 +53,9 @@
 #define CYPOOL_VC_C1(M, i) M(i, 0)
 #define CYPOOL_VC_C2(M, i) M(i, 0) M(i, 1)
 #define CYPOOL_VC_C3(M, i) M(i, 0) M(i, 1) M(i, 2)
+#define CYPOOL_VC_R1(C, M) C(M, 0)
+#define CYPOOL_VC_R2(C, M) C(M, 0) C(M, 1)
+#define CYPOOL_VC_R3(C, M) C(M, 0) C(M, 1) C(M, 2)
 #define CYPOOL_VC_R4(C, M) C(M, 0) C(M, 1) C(M, 2) C(M, 3)
 #define CYPOOL_VC_R8(C, M) CYPOOL_VC_R4(C, M) C(M, 4) C(M, 5) C(M, 6) C(M, 7)
 #define CYPOOL_VC_ZERO(i, j) V a##i##j = {0};
@@ -76,6 +79,22 @@ static inline void NAME(ptrdiff_t ntaps, const T *const *xs, ptrdiff_t xoff,    
     if (bias) { ROWS(CYPOOL_VC_C1, CYPOOL_VC_BIAS) }                                 \
     ROWS(COLS, CYPOOL_VC_STORE)                                                      \
 }
+
+/* Tiles of R (1 to 3) output channels by 3, 2 and 1 vectors and half a
+ * vector of E. */
+#define CYPOOL_VC_ROWS(T, SUF, R, RM)                                                \
+CYPOOL_VC_TILE(cypool_vc_tile_r##R##c3_##SUF, T, cypool_vc_v_##SUF, RM, CYPOOL_VC_C3)  \
+CYPOOL_VC_TILE(cypool_vc_tile_r##R##c2_##SUF, T, cypool_vc_v_##SUF, RM, CYPOOL_VC_C2)  \
+CYPOOL_VC_TILE(cypool_vc_tile_r##R##c1_##SUF, T, cypool_vc_v_##SUF, RM, CYPOOL_VC_C1)  \
+CYPOOL_VC_TILE(cypool_vc_tile_r##R##h_##SUF, T, cypool_vc_h_##SUF, RM, CYPOOL_VC_C1)
+
+#define CYPOOL_VC_ROWS_CASE(NAME)                                                    \
+    NAME(ntaps, xs, xoff, w, ldw, e0, outs, bias); return 1;
+#define CYPOOL_VC_ROWS_CASES(SUF, R)                                                 \
+    case R * 4 + 3: CYPOOL_VC_ROWS_CASE(cypool_vc_tile_r##R##c3_##SUF)                \
+    case R * 4 + 2: CYPOOL_VC_ROWS_CASE(cypool_vc_tile_r##R##c2_##SUF)                \
+    case R * 4 + 1: CYPOOL_VC_ROWS_CASE(cypool_vc_tile_r##R##c1_##SUF)                \
+    case R * 4 + 0: CYPOOL_VC_ROWS_CASE(cypool_vc_tile_r##R##h_##SUF)
 
 /* A tile of 4 output channels by one component of E, for the end of E. */
 #define CYPOOL_VC_TILE1(NAME, T)                                                     \
@@ -105,6 +124,21 @@ CYPOOL_VC_TILE(cypool_vc_tile_one_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYP
 /* Half a vector (8 floats or 4 doubles): the end of E, and all of a small  \
  * E, in the AVX-512 build. */                                                \
 CYPOOL_VC_TILE(cypool_vc_tile_half_##SUF, T, cypool_vc_h_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C1) \
+/* The last 1 to 3 output channels (O not a multiple of 4: a convolution    \
+ * with one or two output channels is all edge), by the same E blocks. */   \
+CYPOOL_VC_ROWS(T, SUF, 1, CYPOOL_VC_R1) CYPOOL_VC_ROWS(T, SUF, 2, CYPOOL_VC_R2)       \
+CYPOOL_VC_ROWS(T, SUF, 3, CYPOOL_VC_R3)                                              \
+static inline int cypool_vc_tile_rows_##SUF(int no, ptrdiff_t ntaps,                  \
+        const T *const *xs, ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0,  \
+        ptrdiff_t ne, ptrdiff_t EB_, T *const *outs, const T *bias)                   \
+{                                                                                    \
+    int c = ne == EB_ ? 3 : ne == 2 * EB_ / 3 ? 2 : ne == EB_ / 3 ? 1                 \
+          : (CYPOOL_VC_HALF_TAIL && ne == EB_ / 6) ? 0 : -1;                          \
+    switch (c < 0 ? -1 : no * 4 + c) {                                               \
+    CYPOOL_VC_ROWS_CASES(SUF, 1) CYPOOL_VC_ROWS_CASES(SUF, 2) CYPOOL_VC_ROWS_CASES(SUF, 3) \
+    }                                                                                \
+    return 0;                                                                        \
+}                                                                                    \
 /* The end of E shorter than every tile above (ne < one vector): tiles of   \
  * 4, 2 and 1 components, the accumulators in registers. The edge tile below \
  * takes a variable count, keeps them in memory, and cost several times a    \
@@ -221,6 +255,12 @@ static inline int cypool_vc_tile_part_##SUF(ptrdiff_t ntaps, const T *const *xs,
         T *const *outs, const T *bias)                                               \
 {                                                                                    \
     return 0; /* the edge tile takes it */                                           \
+}                                                                                    \
+static inline int cypool_vc_tile_rows_##SUF(int no, ptrdiff_t ntaps,                  \
+        const T *const *xs, ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0,  \
+        ptrdiff_t ne, ptrdiff_t EB_, T *const *outs, const T *bias)                   \
+{                                                                                    \
+    return 0; /* the edge tile takes it */                                           \
 }
 #endif
 
@@ -294,8 +334,10 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
         else if (CYPOOL_VC_HALF_TAIL && no == CYPOOL_VC_OB && ne == EB / 6)          \
             cypool_vc_tile_half_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, outs + o0, b); \
         else if (!(no == CYPOOL_VC_OB                                                \
-                   && cypool_vc_tile_part_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, \
-                                                outs + o0, b)))                      \
+                   ? cypool_vc_tile_part_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne,  \
+                                               outs + o0, b)                         \
+                   : cypool_vc_tile_rows_##SUF(no, ntaps, xs, xoff, w + o0, ldw, e0,  \
+                                               ne, EB, outs + o0, b)))               \
             cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, no,      \
                                       outs + o0, b);                                 \
     }                                                                                \

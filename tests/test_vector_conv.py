@@ -287,18 +287,19 @@ def test_e_chunked_sweep_matches(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("O", [8, 6])
-def test_vector_tiles_at_every_end_of_e(rng, monkeypatch, dtype, O):
+@pytest.mark.parametrize("O,C", [(8, 3), (6, 2), (5, 1), (7, 4)])
+def test_vector_tiles_at_every_end_of_e(rng, monkeypatch, dtype, O, C):
     # The E-vectorised tiles forced at E = 1 to 25 (at small E conv2d's
     # kernels take the call): every partial block at the end of E, of 1 to
-    # 7 components after the vector tiles, with the bias on component 0,
-    # and 4 output channels at a time (O = 8) or an edge of 2 (O = 6).
+    # 7 components after the vector tiles, with the bias on component 0;
+    # output channels 4 at a time and a last block of 1 to 3 (O in the
+    # forward, C in the input gradient).
     monkeypatch.setattr(vc, "forward_by_conv", lambda E, sh, sw: False)
     monkeypatch.setattr(vc, "backward_by_conv", lambda E, sh, sw: False)
     for E in range(1, 26):
-        x = rng.standard_normal((2, 3, 7, 6, E)).astype(dtype)
-        x[0, 1, 2, :, :] = 0.0
-        w = rng.standard_normal((O, 3, 3, 2)).astype(dtype)
+        x = rng.standard_normal((2, C, 7, 6, E)).astype(dtype)
+        x[0, -1, 2, :, :] = 0.0
+        w = rng.standard_normal((O, C, 3, 2)).astype(dtype)
         b = rng.standard_normal(O).astype(dtype)
         x64, w64 = x.astype(np.float64), w.astype(np.float64)
         out = cypool.vector_conv2d(x, w, b, (2, 1), 1)
