@@ -118,23 +118,34 @@ cdef floating* _tap_major_weights(const floating[:, :, :, :] w, bint transposed,
                                   Py_ssize_t Op) noexcept nogil:
     """The weights as (K, Op) rows, one per tap (c, i, j), output channels
     padded to Op with zeros; transposed: the input gradient's weights, taps
-    (o, i, j) and outputs c, the kernel flipped. NULL when out of memory."""
-    cdef Py_ssize_t A = w.shape[0], B = w.shape[1], kh = w.shape[2], kw = w.shape[3]
-    cdef Py_ssize_t a, b, i, j, k
-    cdef Py_ssize_t S = B if not transposed else A   # tap channels
-    cdef floating* wt = <floating*>calloc(S * kh * kw * Op, sizeof(floating))
+    (o, i, j) and outputs c, the kernel flipped. NULL when out of memory.
+    Row by row, each written in order: for a large weight this copy is a
+    good part of a small call."""
+    cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], r, i, j, c, k
+    # Tap channels and output channels, and their strides in w.
+    cdef Py_ssize_t R = w.shape[0] if transposed else w.shape[1]
+    cdef Py_ssize_t Oc = w.shape[1] if transposed else w.shape[0]
+    cdef Py_ssize_t sr = w.strides[0] if transposed else w.strides[1]
+    cdef Py_ssize_t sc = w.strides[1] if transposed else w.strides[0]
+    cdef const char* base = <const char*>&w[0, 0, 0, 0]
+    cdef const char* src
+    cdef floating* dst
+    cdef floating* wt = <floating*>malloc(R * kh * kw * Op * sizeof(floating))
     if wt == NULL:
         return NULL
-    for a in range(A):
-        for b in range(B):
-            for i in range(kh):
-                for j in range(kw):
-                    if transposed:  # tap (a, i, j), output b
-                        k = (a * kh + kh - 1 - i) * kw + kw - 1 - j
-                        wt[k * Op + b] = w[a, b, i, j]
-                    else:           # tap (b, i, j), output a
-                        k = (b * kh + i) * kw + j
-                        wt[k * Op + a] = w[a, b, i, j]
+    for r in range(R):
+        for i in range(kh):
+            for j in range(kw):
+                if transposed:
+                    k = (r * kh + kh - 1 - i) * kw + kw - 1 - j
+                else:
+                    k = (r * kh + i) * kw + j
+                src = base + r * sr + i * w.strides[2] + j * w.strides[3]
+                dst = wt + k * Op
+                for c in range(Oc):
+                    dst[c] = (<const floating*>(src + c * sc))[0]
+                for c in range(Oc, Op):
+                    dst[c] = 0
     return wt
 
 

@@ -46,7 +46,7 @@ def check_against_reference(rng, xs, ws, geo, pad, dtype, batched, with_bias, nu
     xc, wc, gc = x.astype(dtype), w.astype(dtype), g.astype(dtype)
     if view:  # the same values through non-contiguous, negative-stride views
         xc = np.ascontiguousarray(xc[:, :, ::-1, :]).transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2)[:, :, ::-1, :]
-        wc = np.asfortranarray(wc)
+        wc = np.asfortranarray(wc[:, ::-1])[:, ::-1]
         gc = np.ascontiguousarray(gc[..., ::-1])[..., ::-1]
         assert not xc.flags.c_contiguous and not wc.flags.c_contiguous
     bc = None if b is None else b.astype(dtype)
