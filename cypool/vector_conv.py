@@ -183,9 +183,9 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
 def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad, needs_weight_grad,
              num_threads, small_e=None):
     """vector_conv2d_backward; small_e chooses the kernels (None: by
-    backward_by_conv, as the public function does). cypool.dask passes the choice of the whole
-    array to each of its E chunks, so that the input gradient of every
-    chunk is the one the whole array gets, bit for bit."""
+    backward_by_conv, as the public function does). cypool.dask passes the
+    choice of the whole array to each of its E chunks, so that the input
+    gradient of every chunk is the one the whole array gets, bit for bit."""
     x5, batched, weight, geom, (OH, OW), plan = _conv_args(x, weight, stride, padding, dilation)
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     N, C, H, W, E = x5.shape
