@@ -1,0 +1,60 @@
+/* The register tiles of cypool/_vconv_kernel.h against a plain loop:
+ * cypool_vc_pixel for E = 1 to 70 components (every end of E after the
+ * vector tiles) and O = 1 to 11 output channels (every last block of 1 to 3
+ * channels), from component 0 or 3, with and without the packing buffer and
+ * the bias. Built by tests/test_kernel_headers.py once per vector width,
+ * including the AVX-512 layout (64-byte vectors, half-vector tiles) emulated
+ * by gcc where the CPU lacks AVX-512, so that every build's tiles are
+ * checked on any x86-64 machine. Exits 1 on a wrong value. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <math.h>
+#include "_vconv_kernel.h"
+
+#define CHECK(T, SUF)                                                              \
+static int check_##SUF(void) {                                                     \
+    int bad = 0;                                                                   \
+    for (int E = 1; E <= 70; E++)                                                  \
+    for (int O = 1; O <= 11; O++)                                                  \
+    for (int usepack = 0; usepack < 2; usepack++)                                  \
+    for (int usebias = 0; usebias < 2; usebias++) {                                \
+        int ntaps = 1 + (E * 7 + O) % 13, ldw = (O + 3) / 4 * 4 + (E % 2) * 4;     \
+        int elo = (E > 5 && usepack) ? 3 : 0;                                      \
+        T **xs = malloc(ntaps * sizeof(T *)), *w = malloc(ntaps * ldw * sizeof(T)); \
+        T **outs = malloc(O * sizeof(T *)), *bias = malloc(O * sizeof(T));         \
+        for (int t = 0; t < ntaps; t++) {                                          \
+            xs[t] = malloc(E * sizeof(T));                                         \
+            for (int e = 0; e < E; e++) xs[t][e] = (T)((rand() % 2001) - 1000) / 300; \
+        }                                                                          \
+        for (int i = 0; i < ntaps * ldw; i++) w[i] = (T)((rand() % 2001) - 1000) / 700; \
+        for (int o = 0; o < O; o++) { outs[o] = malloc(E * sizeof(T));             \
+            for (int e = 0; e < E; e++) outs[o][e] = -12345; bias[o] = (T)o + 0.5; } \
+        int EBv = sizeof(T) == 4 ? CYPOOL_VC_EB_F32 : CYPOOL_VC_EB_F64;            \
+        T *pack = usepack ? malloc(ntaps * EBv * sizeof(T)) : NULL;                \
+        const T **pp = usepack ? malloc(ntaps * sizeof(T *)) : NULL;               \
+        if (usepack) for (int t = 0; t < ntaps; t++) pp[t] = pack + t * EBv;        \
+        cypool_vc_pixel_##SUF(ntaps, (const T *const *)xs, w, ldw, elo, E, O, outs,  \
+                              usebias ? bias : NULL, pack, pp);                    \
+        for (int o = 0; o < O; o++)                                                \
+            for (int e = 0; e < E; e++) {                                          \
+                double want = e < elo ? -12345 : 0;                                \
+                if (e >= elo) { for (int t = 0; t < ntaps; t++) want += (double)w[t * ldw + o] * xs[t][e]; \
+                    if (usebias && e == 0) want += bias[o]; }                      \
+                if (fabs(outs[o][e] - want) > 1e-3 * (1 + fabs(want))) {           \
+                    if (bad < 5) printf(#SUF " E=%d O=%d pack=%d bias=%d o=%d e=%d got %g want %g\n", \
+                                        E, O, usepack, usebias, o, e, (double)outs[o][e], want); \
+                    bad++; }                                                       \
+            }                                                                      \
+        for (int t = 0; t < ntaps; t++) free(xs[t]);                               \
+        for (int o = 0; o < O; o++) free(outs[o]);                                 \
+        free(xs); free(w); free(outs); free(bias); free(pack); free(pp);           \
+    }                                                                              \
+    return bad;                                                                    \
+}
+CHECK(float, f32)
+CHECK(double, f64)
+int main(void) {
+    int bad = check_f32() + check_f64();
+    printf("VBYTES=%d HALF_TAIL=%d: %s (%d bad)\n", CYPOOL_VC_VBYTES, CYPOOL_VC_HALF_TAIL, bad ? "FAIL" : "ok", bad);
+    return bad != 0;
+}
