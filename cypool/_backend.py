@@ -206,7 +206,7 @@ def kernel(name: str, *dtypes: np.dtype):
     Calling the specialisation directly skips Cython's run-time dispatch on
     buffer dtypes, about a microsecond per call: it matters at batch size 1.
     """
-    key = (name,) + dtypes
+    key = (name,) + dtypes if dtypes else name
     fn = _specialised.get(key)
     if fn is None:
         generic = getattr(module_for(name), name)

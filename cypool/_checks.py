@@ -380,7 +380,8 @@ def bias_arg(bias, O: int, dtype: np.dtype) -> np.ndarray:
     """bias as a C-contiguous (O,) array of dtype, or no_bias() for None."""
     if bias is None:
         return _NO_BIAS[dtype]
-    if type(bias) is np.ndarray and bias.dtype == dtype and bias.shape == (O,) and bias.flags.c_contiguous:
+    if (type(bias) is np.ndarray and bias.dtype == dtype and bias.shape == (O,)
+            and (bias.strides[0] == bias.itemsize or O == 1)):  # C-contiguous
         return bias
     b, _ = array(bias, "bias", (1,), floating_only=True)
     if b.dtype != dtype:
@@ -421,20 +422,20 @@ def cached_conv_checks(cache: dict, check, x, weight, stride, padding, dilation)
     """check(x, weight, stride, padding, dilation), which returns (x with its
     batch axis, weight, batched?, what the checks gave), skipped for a call
     whose array shapes and dtypes and int parameters already passed them: a
-    training loop repeats its calls. Only ndarrays and plain ints make a key;
-    cache keeps up to 256."""
+    training loop repeats its calls. Returns (x checked, without a batch
+    axis it lacked, weight, batched?, what the checks gave). Only ndarrays
+    and plain ints make a key; cache keeps up to 256."""
     key = None
     if (type(x) is np.ndarray and type(weight) is np.ndarray and type(stride) is int
             and type(padding) is int and type(dilation) is int):
         key = (x.shape, x.dtype, weight.shape, weight.dtype, stride, padding, dilation)
         hit = cache.get(key)
         if hit is not None:
-            batched, result = hit
-            return (x if batched else x[None]), weight, batched, result
+            return x, weight, hit[0], hit[1]
     xb, weight, batched, result = check(x, weight, stride, padding, dilation)
     if key is not None and len(cache) < 256:
         cache[key] = (batched, result)
-    return xb, weight, batched, result
+    return (xb if batched else xb[0]), weight, batched, result
 
 
 def same_shape(a_shape: tuple, b_shape: tuple, a_name: str, b_name: str) -> None:

@@ -48,6 +48,8 @@ class _Plan(NamedTuple):
     input_grad: _Pass  # conv2d_forward(grad_out, w, True, ...)
     weight_grad: _Pass  # conv2d_weight_grad(grad_out, x, ...)
     col2im: tuple      # for a strided convolution: conv2d_input_grad_col2im's geometry
+    direct: tuple      # for a small stride-1 one: (top, left) of the forward and of the
+                       # input gradient, and the dilation, for the direct kernels
 
 
 def _key(v):
@@ -76,7 +78,12 @@ def _plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str) -
                        (H - 1) * (W + rw) + W, macs, xsize + osize, N)
     weight_grad = _pass((ph0, pw0, Hp, Wp, kh, kw, sh, sw, dh, dw), L, macs, xsize + osize, N)
     col2im = (ph0, pw0, sh, sw, dh, dw) if sh * sw > 1 else ()
-    return _Plan((N, O, OH, OW), forward, input_grad, weight_grad, col2im)
+    # Small stride-1 calls (on one thread whichever way) take the direct
+    # kernels (_conv_direct.h): one padded copy of each image is their only
+    # set-up, where the phase kernels' costs as much as the arithmetic.
+    small = forward.serial_chunk and input_grad.serial_chunk and weight_grad.serial_chunk
+    direct = (ph0, pw0, rh - ph0, rw - pw0, dh, dw) if small and sh == sw == 1 else ()
+    return _Plan((N, O, OH, OW), forward, input_grad, weight_grad, col2im, direct)
 
 
 # Calls that passed the checks, and their plan (chk.cached_conv_checks).
@@ -84,7 +91,7 @@ _checked: dict = {}
 
 
 def _checked_plan(x, weight, stride, padding, dilation):
-    """(x as 4-D, weight, batched?, plan), checked, or from _checked."""
+    """(x as given, checked; weight, batched?, plan), or from _checked."""
     return chk.cached_conv_checks(_checked, _check_plan, x, weight, stride, padding, dilation)
 
 
@@ -140,9 +147,31 @@ def plan(xshape: tuple, wshape: tuple, stride, padding, dilation) -> _Plan:
     return _plan(xshape, wshape, _key(stride), _key(padding), _key(dilation), "x")
 
 
+# The direct kernels of a small stride-1 call (plan.direct): they take the
+# arrays with any strides, as they are: batched (N, C, H, W) or one image
+# (C, H, W), and vector images with E = 1 too, (N, C, H, W, 1) or (C, H, W, 1).
+
+def direct_forward(res, x, weight, bias, d: tuple, batched: bool = True) -> None:
+    kernel("conv2d_direct")(x, weight, bias, res, d[0], d[1], d[4], d[5], False, batched)
+
+
+def direct_input_grad(gx, g, weight, d: tuple, batched: bool = True) -> None:
+    kernel("conv2d_direct")(g, weight, chk.no_bias(g.dtype), gx, d[2], d[3], d[4], d[5], True,
+                            batched)
+
+
+def direct_weight_grad(gw, gb, g, x, wshape: tuple, d: tuple, batched: bool = True) -> None:
+    """gw (O, C*kh*kw) or (O, C, kh, kw) and gb (O,), C-contiguous."""
+    kernel("conv2d_direct_weight_grad")(g, x, gw, gb, wshape[-2], wshape[-1], d[0], d[1], d[4],
+                                        d[5], batched)
+
+
 def forward_into(res, x4, weight, bias, plan: _Plan, nt: int) -> None:
     """res (N, O, OH, OW), any strides = the convolution of x4 (N, C, H, W),
     any strides, plus bias (an empty array for none)."""
+    if plan.direct:
+        direct_forward(res, x4, weight, bias, plan.direct)
+        return
     p = plan.forward
     threads, ce = _threads_and_chunk(p, nt, x4.shape[0])
     kernel("conv2d_forward", x4.dtype)(x4, weight, False, bias, res, *p.args, ce, threads)
@@ -153,7 +182,9 @@ def input_grad_into(gx, g4, weight, plan: _Plan, nt: int) -> None:
     (N, O, OH, OW), any strides."""
     dt, N = g4.dtype, g4.shape[0]
     p = plan.input_grad
-    if plan.col2im:
+    if plan.direct:
+        direct_input_grad(gx, g4, weight, plan.direct)
+    elif plan.col2im:
         # Strided: columns added into place, rather than a transposed
         # convolution over an output gradient with zeros between its
         # elements (3 of every 4 multiply-adds wasted at stride 2).
@@ -171,6 +202,9 @@ def input_grad_into(gx, g4, weight, plan: _Plan, nt: int) -> None:
 def weight_grad_into(gw, gb, gc, x4, plan: _Plan, nt: int) -> None:
     """gw (O, C*kh*kw) and gb (O,), C-contiguous = the weight and bias
     gradients for the C-contiguous grad_output gc and x4 (any strides)."""
+    if plan.direct:
+        direct_weight_grad(gw, gb, gc, x4, plan.weight_grad.args[4:6], plan.direct)
+        return
     p = plan.weight_grad
     threads, ce = _threads_and_chunk(p, nt, x4.shape[0])
     # The chunk's im2col rows (ce x K values) stay in L2.
@@ -211,20 +245,21 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, n
         a kernel larger than the padded input, or bad parameters, naming
         the parameter, before any kernel runs.
     """
-    x4, weight, batched, plan = _checked_plan(x, weight, stride, padding, dilation)
-    dt = x4.dtype
+    xc, weight, batched, plan = _checked_plan(x, weight, stride, padding, dilation)
+    dt = xc.dtype
     nt = chk.num_threads_arg(num_threads)
     b = chk.bias_arg(bias, weight.shape[0], dt)
+    shape = plan.out_shape if batched else plan.out_shape[1:]
     if out is None:
-        res = np.empty(plan.out_shape, dtype=dt)
+        res = np.empty(shape, dtype=dt)
     else:
-        res = chk.out_arg(out, plan.out_shape if batched else plan.out_shape[1:], dt)
-        res = res if batched else res[None]
-        chk.no_overlap(res, x4)
-    forward_into(res, x4, weight, b, plan, nt)
-    if out is not None:
-        return out
-    return res if batched else res[0]
+        res = chk.out_arg(out, shape, dt)
+        chk.no_overlap(res, xc)
+    if plan.direct:
+        direct_forward(res, xc, weight, b, plan.direct, batched)
+    else:
+        forward_into(res if batched else res[None], xc if batched else xc[None], weight, b, plan, nt)
+    return res
 
 
 def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
@@ -249,10 +284,14 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     grad_bias : ndarray, shape (O,)
         The sum of grad_output over the batch and positions.
     """
-    x4, weight, batched, plan = _checked_plan(x, weight, stride, padding, dilation)
-    dt = x4.dtype
+    xc, weight, batched, plan = _checked_plan(x, weight, stride, padding, dilation)
+    dt = xc.dtype
     g = chk.grad_output_arg(grad_output, dt, plan.out_shape if batched else plan.out_shape[1:])
     nt = chk.num_threads_arg(num_threads)
+    if plan.direct:
+        return _direct_backward(g, xc, weight, plan.direct, batched, needs_input_grad,
+                                needs_weight_grad)
+    x4 = xc if batched else xc[None]
     g4 = g if batched else g[None]
     N = x4.shape[0]
     grad_x = grad_w = None
@@ -268,4 +307,23 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
         grad_w = gw.reshape(weight.shape)
     else:
         grad_bias = g4.sum(axis=(0, 2, 3))
+    return grad_x, grad_w, grad_bias
+
+
+def _direct_backward(g, x, weight, d: tuple, batched: bool, needs_input_grad: bool,
+                     needs_weight_grad: bool):
+    """conv2d_backward by the direct kernels (plan.direct) of arrays as
+    given: (N, C, H, W) or one image, and vector images at E = 1 (the
+    vector convolution's small calls come here)."""
+    dt = x.dtype
+    grad_x = grad_w = None
+    if needs_input_grad:
+        grad_x = np.empty(x.shape, dtype=dt)
+        direct_input_grad(grad_x, g, weight, d, batched)
+    if needs_weight_grad:
+        grad_w = np.empty(weight.shape, dtype=dt)
+        grad_bias = np.empty(weight.shape[0], dtype=dt)
+        direct_weight_grad(grad_w, grad_bias, g, x, weight.shape, d, batched)
+    else:
+        grad_bias = g.sum(axis=(0, 2, 3) if batched else (1, 2)).reshape(-1)
     return grad_x, grad_w, grad_bias

@@ -36,21 +36,25 @@ _checked: dict = {}
 
 
 def _conv_args(x, weight, stride, padding, dilation):
-    """Checked (x as 5-D, batched?, weight, geometry, output (OH, OW), the
-    small-E plan or None), or from _checked."""
-    x5, weight, batched, (geom, out_hw, plan) = chk.cached_conv_checks(
+    """Checked (x as given, batched?, weight, geometry, output (OH, OW), the
+    small-E plan or None, the direct kernels' arguments or ()), or from
+    _checked."""
+    xc, weight, batched, (geom, out_hw, plan, direct) = chk.cached_conv_checks(
         _checked, _checks_and_plan, x, weight, stride, padding, dilation)
-    return x5, batched, weight, geom, out_hw, plan
+    return xc, batched, weight, geom, out_hw, plan, direct
 
 
 def _checks_and_plan(x, weight, stride, padding, dilation):
     """chk.vector_conv_args, and at small E the plan of conv2d's kernels, so
-    that a repeated call (a training loop) makes neither again."""
+    that a repeated call (a training loop) makes neither again. At E = 1 a
+    call small enough for conv2d's direct kernels (conv.plan) gets their
+    arguments: they take the (N, C, H, W, 1) arrays as they are."""
     x5, weight, batched, (geom, out_hw) = chk.vector_conv_args(x, weight, stride, padding, dilation)
     E, (sh, sw) = x5.shape[4], geom[2:4]
     by_conv = forward_by_conv(E, sh, sw) or backward_by_conv(E, sh, sw)
     plan = _small_e_plan(x5, weight, geom) if by_conv else None
-    return x5, weight, batched, (geom, out_hw, plan)
+    direct = plan.direct if plan is not None and E == 1 else ()
+    return x5, weight, batched, (geom, out_hw, plan, direct)
 
 
 # At small E the convolution (forward, or backward) can run as a standard
@@ -115,11 +119,18 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=
     -------
     out : C-contiguous ndarray, shape (O, OH, OW, E) or (N, O, OH, OW, E)
     """
-    x5, batched, weight, geom, (OH, OW), plan = _conv_args(x, weight, stride, padding, dilation)
-    N, E, O = x5.shape[0], x5.shape[4], weight.shape[0]
+    xc, batched, weight, geom, (OH, OW), plan, direct = _conv_args(x, weight, stride, padding,
+                                                                   dilation)
+    dt = xc.dtype
+    O = weight.shape[0]
     nt = chk.num_threads_arg(num_threads)
-    dt = x5.dtype
     b = chk.bias_arg(bias, O, dt)
+    if direct and out is None:  # a small call at E = 1: the lean path
+        res = np.empty((xc.shape[0], O, OH, OW, 1) if batched else (O, OH, OW, 1), dtype=dt)
+        conv.direct_forward(res, xc, weight, b, direct, batched)
+        return res
+    x5 = xc if batched else xc[None]
+    N, E = x5.shape[0], x5.shape[4]
     if out is None:
         res = np.empty((N, O, OH, OW, E), dtype=dt)
     else:
@@ -186,13 +197,18 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
     backward_by_conv, as the public function does). cypool.dask passes the
     choice of the whole array to each of its E chunks, so that the input
     gradient of every chunk is the one the whole array gets, bit for bit."""
-    x5, batched, weight, geom, (OH, OW), plan = _conv_args(x, weight, stride, padding, dilation)
+    xc, batched, weight, geom, (OH, OW), plan, direct = _conv_args(x, weight, stride, padding,
+                                                                   dilation)
     kh, kw, sh, sw, ph, pw, dh, dw = geom
-    N, C, H, W, E = x5.shape
+    N, C, H, W, E = xc.shape if batched else (1, *xc.shape)
     O = weight.shape[0]
-    dt = x5.dtype
+    dt = xc.dtype
     g = chk.grad_output_arg(grad_output, dt, (N, O, OH, OW, E) if batched else (O, OH, OW, E))
     nt = chk.num_threads_arg(num_threads)
+    if direct and small_e is not False:  # a small call at E = 1: the lean path
+        return conv._direct_backward(g, xc, weight, direct, batched, needs_input_grad,
+                                     needs_weight_grad)
+    x5 = xc if batched else xc[None]
     g5 = chk.contiguous(g if batched else g[None], dt)
     grad_x = grad_w = None
     if small_e is None:
@@ -212,10 +228,10 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
         kernel("vector_conv2d_input_grad", dt)(g5, w2, gx, sh, sw, ph, pw, dh, dw, kh, kw, ec, threads)
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
-        xc = chk.contiguous(x5, dt)
+        x5c = chk.contiguous(x5, dt)
         threads = threads_for(nt, work, N * OH * OW)
         partial = np.zeros((threads, O, C * kh * kw), dtype=dt)
-        kernel("vector_conv2d_weight_grad", dt)(g5, xc, partial, *geom)
+        kernel("vector_conv2d_weight_grad", dt)(g5, x5c, partial, *geom)
         grad_w = partial[0]
         for t in range(1, threads):  # in thread order: deterministic
             grad_w = grad_w + partial[t]

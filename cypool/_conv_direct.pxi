@@ -1,0 +1,256 @@
+# Direct stride-1 convolution of small images (_conv_direct.h): the path
+# conv.py takes for a call too small for a thread team, such as a batch-1
+# training step. One zero-padded copy of each image is the only set-up,
+# and the arrays are read through the buffer protocol (their pointers and
+# strides) rather than typed memoryviews, whose acquisition costs as much
+# as a small image's arithmetic.
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_STRIDES, PyBUF_WRITABLE
+
+cdef extern from "_conv_direct.h" nogil:
+    int CYPOOL_CD_VLEN_F32
+    int CYPOOL_CD_VLEN_F64
+    void cypool_cd_forward_f32(const float* P, Py_ssize_t plane, Py_ssize_t ldp, int C, int kh,
+                               int kw, int dh, int dw, const float* w, int O, int OH, int OW,
+                               float* out, Py_ssize_t so_o, Py_ssize_t so_y, const float* bias)
+    void cypool_cd_forward_f64(const double* P, Py_ssize_t plane, Py_ssize_t ldp, int C, int kh,
+                               int kw, int dh, int dw, const double* w, int O, int OH, int OW,
+                               double* out, Py_ssize_t so_o, Py_ssize_t so_y, const double* bias)
+    void cypool_cd_weight_grad_f32(const float* P, Py_ssize_t plane, Py_ssize_t ldp, int C,
+                                   int kh, int kw, int dh, int dw, const float* G,
+                                   Py_ssize_t gplane, Py_ssize_t ldg, int O, int OH, int OW,
+                                   float* gw, Py_ssize_t ldgw)
+    void cypool_cd_weight_grad_f64(const double* P, Py_ssize_t plane, Py_ssize_t ldp, int C,
+                                   int kh, int kw, int dh, int dw, const double* G,
+                                   Py_ssize_t gplane, Py_ssize_t ldg, int O, int OH, int OW,
+                                   double* gw, Py_ssize_t ldgw)
+    float cypool_cd_sum_f32(const float* G, Py_ssize_t n)
+    double cypool_cd_sum_f64(const double* G, Py_ssize_t n)
+
+
+cdef struct Arr:
+    # An array as the direct kernels read it: (N, C, H, W), strides in bytes.
+    char* buf
+    Py_ssize_t shape[4]
+    Py_ssize_t strides[4]
+
+
+cdef inline Py_ssize_t _vlen(floating* _) noexcept nogil:
+    return CYPOOL_CD_VLEN_F32 if floating is float else CYPOOL_CD_VLEN_F64
+
+
+cdef void _pad_image(const char* src, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                     Py_ssize_t top, Py_ssize_t left, floating* P, Py_ssize_t Hb,
+                     Py_ssize_t ldp) noexcept nogil:
+    """P (C planes of Hb rows of ldp values) = the image src (C, H, W) at
+    row top, column left (either may be negative: cropped), zeros around."""
+    cdef Py_ssize_t C = shape[1], H = shape[2], W = shape[3]
+    cdef Py_ssize_t c, r, s, r_lo = max(0, top), r_hi = min(Hb, top + H)
+    cdef Py_ssize_t s_lo = max(0, left), s_hi = min(ldp, left + W), sw = strides[3]
+    cdef const char* row
+    cdef floating* dst
+    memset(P, 0, C * Hb * ldp * sizeof(floating))
+    for c in range(C):
+        for r in range(r_lo, r_hi):
+            row = src + c * strides[1] + (r - top) * strides[2] + (s_lo - left) * sw
+            dst = P + (c * Hb + r) * ldp
+            if sw == <Py_ssize_t>sizeof(floating):
+                memcpy(dst + s_lo, row, (s_hi - s_lo) * sizeof(floating))
+            else:
+                for s in range(s_hi - s_lo):
+                    dst[s_lo + s] = (<const floating*>(row + s * sw))[0]
+
+
+cdef floating* _direct_weights(const Arr* w, bint transposed, floating* _) noexcept nogil:
+    """The taps' weights, tap-major: wt[t * Cout + co], t = (ci * kh + i) * kw + j,
+    = w[co, ci, i, j], or transposed w[ci, co, kh-1-i, kw-1-j] (the input
+    gradient's flipped kernel). NULL when out of memory."""
+    cdef Py_ssize_t A = w.shape[0], B = w.shape[1], kh = w.shape[2], kw = w.shape[3]
+    cdef Py_ssize_t Cin = A if transposed else B, Cout = B if transposed else A
+    cdef Py_ssize_t ci, co, i, j, t = 0
+    cdef const char* base = <const char*>w.buf
+    cdef floating* wt = <floating*>malloc(Cin * kh * kw * Cout * sizeof(floating))
+    if wt == NULL:
+        return NULL
+    for ci in range(Cin):
+        for i in range(kh):
+            for j in range(kw):
+                for co in range(Cout):
+                    if transposed:
+                        wt[t] = (<const floating*>(base + ci * w.strides[0] + co * w.strides[1]
+                                                   + (kh - 1 - i) * w.strides[2]
+                                                   + (kw - 1 - j) * w.strides[3]))[0]
+                    else:
+                        wt[t] = (<const floating*>(base + co * w.strides[0] + ci * w.strides[1]
+                                                   + i * w.strides[2] + j * w.strides[3]))[0]
+                    t += 1
+    return wt
+
+
+cdef int _direct_forward(const Arr* x, const Arr* w, const Arr* b,
+                         const Arr* out, Py_ssize_t top, Py_ssize_t left, Py_ssize_t dh,
+                         Py_ssize_t dw, bint transposed, floating* _) noexcept nogil:
+    """out = the stride-1 convolution of x (any strides); 1 when out of memory."""
+    cdef Py_ssize_t N = x.shape[0], Cin = x.shape[1], kh = w.shape[2], kw = w.shape[3]
+    cdef Py_ssize_t Cout = out.shape[1], OH = out.shape[2], OW = out.shape[3], L = _vlen(_)
+    cdef Py_ssize_t Hb = OH + (kh - 1) * dh, ldp = (OW + L - 1) // L * L + (kw - 1) * dw
+    cdef Py_ssize_t isz = sizeof(floating), n, co, y, ow
+    cdef const floating* bias = <const floating*>b.buf if b.shape[0] > 0 else NULL
+    # The kernel stores rows of unit stride; any other output takes a scratch image.
+    cdef bint in_place = (out.strides[3] == isz and out.strides[1] % isz == 0
+                          and out.strides[2] % isz == 0 and <size_t>out.buf % isz == 0)
+    cdef floating* P = <floating*>malloc(Cin * Hb * ldp * isz)
+    cdef floating* wt = _direct_weights(w, transposed, _)
+    cdef floating* tmp = NULL if in_place else <floating*>malloc(Cout * OH * OW * isz)
+    cdef floating* dst
+    cdef char* o
+    cdef int failed = P == NULL or wt == NULL or (tmp == NULL and not in_place)
+    if not failed:
+        for n in range(N):
+            _pad_image(<const char*>x.buf + n * x.strides[0], x.shape, x.strides, top, left,
+                       P, Hb, ldp)
+            o = <char*>out.buf + n * out.strides[0]
+            dst = <floating*>o if in_place else tmp
+            if floating is float:
+                cypool_cd_forward_f32(P, Hb * ldp, ldp, Cin, kh, kw, dh, dw, wt, Cout, OH, OW, dst,
+                                      out.strides[1] // isz if in_place else OH * OW,
+                                      out.strides[2] // isz if in_place else OW, bias)
+            else:
+                cypool_cd_forward_f64(P, Hb * ldp, ldp, Cin, kh, kw, dh, dw, wt, Cout, OH, OW, dst,
+                                      out.strides[1] // isz if in_place else OH * OW,
+                                      out.strides[2] // isz if in_place else OW, bias)
+            if not in_place:
+                for co in range(Cout):
+                    for y in range(OH):
+                        for ow in range(OW):
+                            (<floating*>(o + co * out.strides[1] + y * out.strides[2]
+                                         + ow * out.strides[3]))[0] = tmp[(co * OH + y) * OW + ow]
+    free(P)
+    free(wt)
+    free(tmp)
+    return failed
+
+
+cdef int _direct_weight_grad(const Arr* g, const Arr* x, const Arr* gw,
+                             const Arr* gb, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t top,
+                             Py_ssize_t left, Py_ssize_t dh, Py_ssize_t dw,
+                             floating* _) noexcept nogil:
+    """gw (O, C*kh*kw) and gb (O,), C-contiguous = the weight and bias
+    gradients, summed over the batch in order; 1 when out of memory."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], O = g.shape[1], OH = g.shape[2]
+    cdef Py_ssize_t OW = g.shape[3], L = _vlen(_), ldg = (OW + L - 1) // L * L
+    cdef Py_ssize_t Hb = OH + (kh - 1) * dh, ldp = ldg + (kw - 1) * dw, n, o, y, ow
+    cdef floating* P = <floating*>malloc(C * Hb * ldp * sizeof(floating))
+    cdef floating* G = <floating*>calloc(O * OH * ldg, sizeof(floating))
+    cdef floating* wout = <floating*>gw.buf
+    cdef floating* bout = <floating*>gb.buf
+    cdef const char* src
+    cdef int failed = P == NULL or G == NULL
+    memset(wout, 0, O * C * kh * kw * sizeof(floating))
+    memset(bout, 0, O * sizeof(floating))
+    if not failed:
+        for n in range(N):
+            # G: grad_output's rows, zeros to a whole vector (calloc).
+            for o in range(O):
+                for y in range(OH):
+                    src = <const char*>g.buf + n * g.strides[0] + o * g.strides[1] + y * g.strides[2]
+                    if g.strides[3] == <Py_ssize_t>sizeof(floating):
+                        memcpy(G + (o * OH + y) * ldg, src, OW * sizeof(floating))
+                    else:
+                        for ow in range(OW):
+                            G[(o * OH + y) * ldg + ow] = (<const floating*>(src + ow * g.strides[3]))[0]
+                if floating is float:
+                    bout[o] += cypool_cd_sum_f32(G + o * OH * ldg, OH * ldg)
+                else:
+                    bout[o] += cypool_cd_sum_f64(G + o * OH * ldg, OH * ldg)
+            _pad_image(<const char*>x.buf + n * x.strides[0], x.shape, x.strides, top, left,
+                       P, Hb, ldp)
+            if floating is float:
+                cypool_cd_weight_grad_f32(P, Hb * ldp, ldp, C, kh, kw, dh, dw, G, OH * ldg, ldg,
+                                          O, OH, OW, wout, C * kh * kw)
+            else:
+                cypool_cd_weight_grad_f64(P, Hb * ldp, ldp, C, kh, kw, dh, dw, G, OH * ldg, ldg,
+                                          O, OH, OW, wout, C * kh * kw)
+    free(P)
+    free(G)
+    return failed
+
+
+cdef int _get(object a, Py_buffer* view, Arr* arr, bint batched, bint writable) except -1:
+    """view = a's buffer (to release), arr = its first four axes, after a
+    batch axis of one image put in front when not batched; axes it lacks
+    have length 1 (and a trailing fifth of length 1 is left out)."""
+    cdef int k, src, lead = 0 if batched else 1
+    PyObject_GetBuffer(a, view, PyBUF_STRIDES | (PyBUF_WRITABLE if writable else 0))
+    arr.buf = <char*>view.buf
+    for k in range(4):
+        src = k - lead
+        arr.shape[k] = view.shape[src] if 0 <= src < view.ndim else 1
+        arr.strides[k] = view.strides[src] if 0 <= src < view.ndim else 0
+    return 0
+
+
+def conv2d_direct(x,         # IN  (N, Cin, H, W[, 1]), any strides, float32 or float64
+                  w,         # IN  (O, C, kh, kw), any strides
+                  bias,      # IN  (Cout,), C-contiguous, or empty for none
+                  out,       # OUT (N, Cout, OH, OW[, 1]), any strides
+                  Py_ssize_t top, Py_ssize_t left, Py_ssize_t dh, Py_ssize_t dw,
+                  bint transposed, bint batched):
+    """out = the stride-1 convolution of x seen with zero padding top and
+    left (negative: cropped), dilation (dh, dw), on the calling thread.
+    transposed: x is an output gradient, w used flipped with its first two
+    axes swapped (the input gradient). A trailing axis of length 1 (a
+    vector convolution at E = 1) is ignored; not batched: x and out are
+    one image without the batch axis. The arrays were checked by
+    cypool.conv: dtypes alike, shapes consistent."""
+    cdef Py_buffer v[4]
+    cdef Arr a[4]
+    cdef int got = 0, failed
+    try:
+        _get(x, &v[0], &a[0], batched, False); got = 1
+        _get(w, &v[1], &a[1], True, False); got = 2
+        _get(bias, &v[2], &a[2], True, False); got = 3
+        _get(out, &v[3], &a[3], batched, True); got = 4
+        with nogil:
+            if v[0].itemsize == 4:
+                failed = _direct_forward(&a[0], &a[1], &a[2], &a[3], top, left, dh, dw,
+                                         transposed, <float*>NULL)
+            else:
+                failed = _direct_forward(&a[0], &a[1], &a[2], &a[3], top, left, dh, dw,
+                                         transposed, <double*>NULL)
+    finally:
+        while got:
+            got -= 1
+            PyBuffer_Release(&v[got])
+    if failed:
+        raise MemoryError("cypool.conv2d: out of memory")
+
+
+def conv2d_direct_weight_grad(g,    # IN  (N, O, OH, OW[, 1]), any strides
+                              x,    # IN  (N, C, H, W[, 1]), any strides
+                              gw,   # OUT (O, C*kh*kw) or (O, C, kh, kw), C-contiguous
+                              gb,   # OUT (O,), C-contiguous
+                              Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t top, Py_ssize_t left,
+                              Py_ssize_t dh, Py_ssize_t dw, bint batched):
+    """gw, gb = the weight and bias gradients of conv2d_direct's forward
+    (gw's buffer is read as (O, C*kh*kw): (O, C, kh, kw) will do)."""
+    cdef Py_buffer v[4]
+    cdef Arr a[4]
+    cdef int got = 0, failed
+    try:
+        _get(g, &v[0], &a[0], batched, False); got = 1
+        _get(x, &v[1], &a[1], batched, False); got = 2
+        _get(gw, &v[2], &a[2], True, True); got = 3
+        _get(gb, &v[3], &a[3], True, True); got = 4
+        with nogil:
+            if v[1].itemsize == 4:
+                failed = _direct_weight_grad(&a[0], &a[1], &a[2], &a[3], kh, kw, top, left,
+                                             dh, dw, <float*>NULL)
+            else:
+                failed = _direct_weight_grad(&a[0], &a[1], &a[2], &a[3], kh, kw, top, left,
+                                             dh, dw, <double*>NULL)
+    finally:
+        while got:
+            got -= 1
+            PyBuffer_Release(&v[got])
+    if failed:
+        raise MemoryError("cypool.conv2d: out of memory")
