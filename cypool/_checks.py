@@ -56,6 +56,8 @@ def num_threads_arg(num_threads) -> int:
     """0 for None (OpenMP's default), else a positive int."""
     if num_threads is None:
         return 0
+    if type(num_threads) is int and num_threads >= 1:
+        return num_threads
     n = as_int(num_threads, "num_threads")
     if n < 1:
         raise ValueError(f"num_threads must be None or at least 1, got {n}")
@@ -380,7 +382,7 @@ def bias_arg(bias, O: int, dtype: np.dtype) -> np.ndarray:
     """bias as a C-contiguous (O,) array of dtype, or no_bias() for None."""
     if bias is None:
         return _NO_BIAS[dtype]
-    if (type(bias) is np.ndarray and bias.dtype == dtype and bias.shape == (O,)
+    if (type(bias) is np.ndarray and (bias.dtype is dtype or bias.dtype == dtype) and bias.shape == (O,)
             and (bias.strides[0] == bias.itemsize or O == 1)):  # C-contiguous
         return bias
     b, _ = array(bias, "bias", (1,), floating_only=True)
@@ -393,7 +395,8 @@ def bias_arg(bias, O: int, dtype: np.dtype) -> np.ndarray:
 
 def grad_output_arg(grad_output, dtype: np.dtype, want: tuple) -> np.ndarray:
     """grad_output of a convolution: of x's dtype and the output's shape."""
-    if type(grad_output) is np.ndarray and grad_output.dtype == dtype and grad_output.shape == want:
+    if (type(grad_output) is np.ndarray and (grad_output.dtype is dtype or grad_output.dtype == dtype)
+            and grad_output.shape == want):
         return grad_output
     g, _ = array(grad_output, "grad_output", (len(want),), floating_only=True)
     if g.dtype != dtype:
@@ -424,17 +427,20 @@ def cached_conv_checks(cache: dict, check, x, weight, stride, padding, dilation)
     whose array shapes and dtypes and int parameters already passed them: a
     training loop repeats its calls. Returns (x checked, without a batch
     axis it lacked, weight, batched?, what the checks gave). Only ndarrays
-    and plain ints make a key; cache keeps up to 256."""
+    and plain ints make a key (with the dtype's number; a hit needs the
+    very dtype objects that passed, numpy's own for each type); cache keeps
+    up to 256."""
     key = None
     if (type(x) is np.ndarray and type(weight) is np.ndarray and type(stride) is int
             and type(padding) is int and type(dilation) is int):
-        key = (x.shape, x.dtype, weight.shape, weight.dtype, stride, padding, dilation)
+        dt = x.dtype
+        key = (x.shape, weight.shape, dt.num, stride, padding, dilation)
         hit = cache.get(key)
-        if hit is not None:
-            return x, weight, hit[0], hit[1]
+        if hit is not None and hit[0] is dt and weight.dtype is dt:
+            return x, weight, hit[1], hit[2]
     xb, weight, batched, result = check(x, weight, stride, padding, dilation)
-    if key is not None and len(cache) < 256:
-        cache[key] = (batched, result)
+    if key is not None and len(cache) < 256 and weight.dtype is x.dtype:
+        cache[key] = (x.dtype, batched, result)
     return (xb if batched else xb[0]), weight, batched, result
 
 

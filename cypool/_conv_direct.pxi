@@ -134,19 +134,20 @@ cdef int _direct_weight_grad(const Arr* g, const Arr* x, const Arr* gw,
                              const Arr* gb, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t top,
                              Py_ssize_t left, Py_ssize_t dh, Py_ssize_t dw,
                              floating* _) noexcept nogil:
-    """gw (O, C*kh*kw) and gb (O,), C-contiguous = the weight and bias
-    gradients, summed over the batch in order; 1 when out of memory."""
+    """gw (O, C*kh*kw) and gb (O,) (or NULL), C-contiguous = the weight and
+    bias gradients, summed over the batch in order; 1 when out of memory."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], O = g.shape[1], OH = g.shape[2]
     cdef Py_ssize_t OW = g.shape[3], L = _vlen(_), ldg = (OW + L - 1) // L * L
     cdef Py_ssize_t Hb = OH + (kh - 1) * dh, ldp = ldg + (kw - 1) * dw, n, o, y, ow
     cdef floating* P = <floating*>malloc(C * Hb * ldp * sizeof(floating))
     cdef floating* G = <floating*>calloc(O * OH * ldg, sizeof(floating))
     cdef floating* wout = <floating*>gw.buf
-    cdef floating* bout = <floating*>gb.buf
+    cdef floating* bout = <floating*>gb.buf if gb != NULL else NULL
     cdef const char* src
     cdef int failed = P == NULL or G == NULL
     memset(wout, 0, O * C * kh * kw * sizeof(floating))
-    memset(bout, 0, O * sizeof(floating))
+    if bout != NULL:
+        memset(bout, 0, O * sizeof(floating))
     if not failed:
         for n in range(N):
             # G: grad_output's rows, zeros to a whole vector (calloc).
@@ -158,7 +159,9 @@ cdef int _direct_weight_grad(const Arr* g, const Arr* x, const Arr* gw,
                     else:
                         for ow in range(OW):
                             G[(o * OH + y) * ldg + ow] = (<const floating*>(src + ow * g.strides[3]))[0]
-                if floating is float:
+                if bout == NULL:
+                    pass
+                elif floating is float:
                     bout[o] += cypool_cd_sum_f32(G + o * OH * ldg, OH * ldg)
                 else:
                     bout[o] += cypool_cd_sum_f64(G + o * OH * ldg, OH * ldg)
@@ -225,29 +228,75 @@ def conv2d_direct(x,         # IN  (N, Cin, H, W[, 1]), any strides, float32 or 
         raise MemoryError("cypool.conv2d: out of memory")
 
 
-def conv2d_direct_weight_grad(g,    # IN  (N, O, OH, OW[, 1]), any strides
-                              x,    # IN  (N, C, H, W[, 1]), any strides
-                              gw,   # OUT (O, C*kh*kw) or (O, C, kh, kw), C-contiguous
-                              gb,   # OUT (O,), C-contiguous
-                              Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t top, Py_ssize_t left,
-                              Py_ssize_t dh, Py_ssize_t dw, bint batched):
-    """gw, gb = the weight and bias gradients of conv2d_direct's forward
-    (gw's buffer is read as (O, C*kh*kw): (O, C, kh, kw) will do)."""
-    cdef Py_buffer v[4]
-    cdef Arr a[4]
+cdef void _grad_bias(const Arr* g, floating* gb) noexcept nogil:
+    """gb (O,) = the sum of g (N, O, OH, OW) over all but its channel axis."""
+    cdef Py_ssize_t n, o, y, ow
+    cdef const char* row
+    cdef floating s
+    for o in range(g.shape[1]):
+        s = 0
+        for n in range(g.shape[0]):
+            for y in range(g.shape[2]):
+                row = g.buf + n * g.strides[0] + o * g.strides[1] + y * g.strides[2]
+                for ow in range(g.shape[3]):
+                    s += (<const floating*>(row + ow * g.strides[3]))[0]
+        gb[o] = s
+
+
+cdef int _direct_backward(const Arr* g, const Arr* x, const Arr* w, const Arr* gx,
+                          const Arr* gw, const Arr* gb, Py_ssize_t top, Py_ssize_t left,
+                          Py_ssize_t itop, Py_ssize_t ileft, Py_ssize_t dh, Py_ssize_t dw,
+                          floating* _) noexcept nogil:
+    """The gradients that gx, gw, gb (each may be NULL) ask for; 1 when out
+    of memory."""
+    cdef Arr nobias
+    cdef int failed = 0
+    nobias.shape[0] = 0
+    if gx != NULL:
+        failed = _direct_forward(g, w, &nobias, gx, itop, ileft, dh, dw, True, _)
+    if gw != NULL and not failed:
+        failed = _direct_weight_grad(g, x, gw, gb, w.shape[2], w.shape[3], top, left, dh, dw, _)
+    elif gb != NULL:
+        _grad_bias(g, <floating*>gb.buf)
+    return failed
+
+
+def conv2d_direct_backward(g,     # IN  (N, O, OH, OW[, 1]), any strides
+                           x,     # IN  (N, C, H, W[, 1]), any strides; or None without gw
+                           w,     # IN  (O, C, kh, kw), any strides
+                           gx,    # OUT like x, any strides; or None
+                           gw,    # OUT (O, C, kh, kw) or (O, C*kh*kw), C-contiguous; or None
+                           gb,    # OUT (O,), C-contiguous; or None
+                           Py_ssize_t top, Py_ssize_t left, Py_ssize_t itop, Py_ssize_t ileft,
+                           Py_ssize_t dh, Py_ssize_t dw, bint batched):
+    """The input, weight and bias gradients of conv2d_direct's forward (top,
+    left: its padding; itop, ileft: the input gradient's, a transposed
+    conv2d_direct of g), those whose arrays are given. batched as for
+    conv2d_direct."""
+    cdef Py_buffer v[6]
+    cdef Arr a[6]
     cdef int got = 0, failed
+    cdef bint want_x = gx is not None, want_w = gw is not None, want_b = gb is not None
     try:
-        _get(g, &v[0], &a[0], batched, False); got = 1
-        _get(x, &v[1], &a[1], batched, False); got = 2
-        _get(gw, &v[2], &a[2], True, True); got = 3
-        _get(gb, &v[3], &a[3], True, True); got = 4
+        _get(g, &v[got], &a[0], batched, False); got += 1
+        _get(w, &v[got], &a[2], True, False); got += 1
+        if want_w:
+            _get(x, &v[got], &a[1], batched, False); got += 1
+        if want_x:
+            _get(gx, &v[got], &a[3], batched, True); got += 1
+        if want_w:
+            _get(gw, &v[got], &a[4], True, True); got += 1
+        if want_b:
+            _get(gb, &v[got], &a[5], True, True); got += 1
         with nogil:
-            if v[1].itemsize == 4:
-                failed = _direct_weight_grad(&a[0], &a[1], &a[2], &a[3], kh, kw, top, left,
-                                             dh, dw, <float*>NULL)
+            if v[0].itemsize == 4:
+                failed = _direct_backward(&a[0], &a[1], &a[2], &a[3] if want_x else NULL,
+                                          &a[4] if want_w else NULL, &a[5] if want_b else NULL,
+                                          top, left, itop, ileft, dh, dw, <float*>NULL)
             else:
-                failed = _direct_weight_grad(&a[0], &a[1], &a[2], &a[3], kh, kw, top, left,
-                                             dh, dw, <double*>NULL)
+                failed = _direct_backward(&a[0], &a[1], &a[2], &a[3] if want_x else NULL,
+                                          &a[4] if want_w else NULL, &a[5] if want_b else NULL,
+                                          top, left, itop, ileft, dh, dw, <double*>NULL)
     finally:
         while got:
             got -= 1

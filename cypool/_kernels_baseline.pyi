@@ -50,8 +50,9 @@ def conv2d_direct(
     x: NDArray, w: NDArray, bias: NDArray, out: NDArray, top: int, left: int, dh: int, dw: int,
     transposed: bool, batched: bool,
 ) -> None: ...
-def conv2d_direct_weight_grad(
-    g: NDArray, x: NDArray, gw: NDArray, gb: NDArray, kh: int, kw: int, top: int, left: int,
-    dh: int, dw: int, batched: bool,
+def conv2d_direct_backward(
+    g: NDArray, x: NDArray, w: NDArray, gx: NDArray | None, gw: NDArray | None,
+    gb: NDArray | None, top: int, left: int, itop: int, ileft: int, dh: int, dw: int,
+    batched: bool,
 ) -> None: ...
 def cpu_features() -> dict[str, bool]: ...

@@ -155,15 +155,21 @@ def direct_forward(res, x, weight, bias, d: tuple, batched: bool = True) -> None
     kernel("conv2d_direct")(x, weight, bias, res, d[0], d[1], d[4], d[5], False, batched)
 
 
-def direct_input_grad(gx, g, weight, d: tuple, batched: bool = True) -> None:
-    kernel("conv2d_direct")(g, weight, chk.no_bias(g.dtype), gx, d[2], d[3], d[4], d[5], True,
-                            batched)
+def direct_grads_into(g, x, weight, gx, gw, gb, d: tuple, batched: bool = True) -> None:
+    """gx like x, gw (O, C, kh, kw) or (O, C*kh*kw) and gb (O,), C-contiguous,
+    = the gradients; None for one not wanted (x too, without gw)."""
+    kernel("conv2d_direct_backward")(g, x, weight, gx, gw, gb, *d, batched)
 
 
-def direct_weight_grad(gw, gb, g, x, wshape: tuple, d: tuple, batched: bool = True) -> None:
-    """gw (O, C*kh*kw) or (O, C, kh, kw) and gb (O,), C-contiguous."""
-    kernel("conv2d_direct_weight_grad")(g, x, gw, gb, wshape[-2], wshape[-1], d[0], d[1], d[4],
-                                        d[5], batched)
+def direct_backward(g, x, weight, d: tuple, batched: bool, needs_input_grad: bool,
+                    needs_weight_grad: bool):
+    """conv2d_backward's (grad_x, grad_w, grad_bias) by the direct kernels."""
+    dt = x.dtype
+    grad_x = np.empty(x.shape, dt) if needs_input_grad else None
+    grad_w = np.empty(weight.shape, dt) if needs_weight_grad else None
+    grad_bias = np.empty(weight.shape[0], dt)
+    kernel("conv2d_direct_backward")(g, x, weight, grad_x, grad_w, grad_bias, *d, batched)
+    return grad_x, grad_w, grad_bias
 
 
 def forward_into(res, x4, weight, bias, plan: _Plan, nt: int) -> None:
@@ -183,7 +189,7 @@ def input_grad_into(gx, g4, weight, plan: _Plan, nt: int) -> None:
     dt, N = g4.dtype, g4.shape[0]
     p = plan.input_grad
     if plan.direct:
-        direct_input_grad(gx, g4, weight, plan.direct)
+        direct_grads_into(g4, None, weight, gx, None, None, plan.direct)
     elif plan.col2im:
         # Strided: columns added into place, rather than a transposed
         # convolution over an output gradient with zeros between its
@@ -199,11 +205,11 @@ def input_grad_into(gx, g4, weight, plan: _Plan, nt: int) -> None:
         kernel("conv2d_forward", dt)(g4, weight, True, chk.no_bias(dt), gx, *p.args, ce, threads)
 
 
-def weight_grad_into(gw, gb, gc, x4, plan: _Plan, nt: int) -> None:
+def weight_grad_into(gw, gb, gc, x4, weight, plan: _Plan, nt: int) -> None:
     """gw (O, C*kh*kw) and gb (O,), C-contiguous = the weight and bias
     gradients for the C-contiguous grad_output gc and x4 (any strides)."""
     if plan.direct:
-        direct_weight_grad(gw, gb, gc, x4, plan.weight_grad.args[4:6], plan.direct)
+        direct_grads_into(gc, x4, weight, None, gw, gb, plan.direct)
         return
     p = plan.weight_grad
     threads, ce = _threads_and_chunk(p, nt, x4.shape[0])
@@ -289,8 +295,8 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     g = chk.grad_output_arg(grad_output, dt, plan.out_shape if batched else plan.out_shape[1:])
     nt = chk.num_threads_arg(num_threads)
     if plan.direct:
-        return _direct_backward(g, xc, weight, plan.direct, batched, needs_input_grad,
-                                needs_weight_grad)
+        return direct_backward(g, xc, weight, plan.direct, batched, needs_input_grad,
+                               needs_weight_grad)
     x4 = xc if batched else xc[None]
     g4 = g if batched else g[None]
     N = x4.shape[0]
@@ -303,27 +309,9 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
         O = weight.shape[0]
         gw = np.empty((O, weight[0].size), dtype=dt)
         grad_bias = np.empty(O, dtype=dt)
-        weight_grad_into(gw, grad_bias, chk.contiguous(g4, dt), x4, plan, nt)
+        weight_grad_into(gw, grad_bias, chk.contiguous(g4, dt), x4, weight, plan, nt)
         grad_w = gw.reshape(weight.shape)
     else:
         grad_bias = g4.sum(axis=(0, 2, 3))
     return grad_x, grad_w, grad_bias
 
-
-def _direct_backward(g, x, weight, d: tuple, batched: bool, needs_input_grad: bool,
-                     needs_weight_grad: bool):
-    """conv2d_backward by the direct kernels (plan.direct) of arrays as
-    given: (N, C, H, W) or one image, and vector images at E = 1 (the
-    vector convolution's small calls come here)."""
-    dt = x.dtype
-    grad_x = grad_w = None
-    if needs_input_grad:
-        grad_x = np.empty(x.shape, dtype=dt)
-        direct_input_grad(grad_x, g, weight, d, batched)
-    if needs_weight_grad:
-        grad_w = np.empty(weight.shape, dtype=dt)
-        grad_bias = np.empty(weight.shape[0], dtype=dt)
-        direct_weight_grad(grad_w, grad_bias, g, x, weight.shape, d, batched)
-    else:
-        grad_bias = g.sum(axis=(0, 2, 3) if batched else (1, 2)).reshape(-1)
-    return grad_x, grad_w, grad_bias

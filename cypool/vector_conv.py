@@ -8,6 +8,8 @@ added once, to component 0 of every output pixel.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from . import _checks as chk
@@ -35,26 +37,28 @@ def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
 _checked: dict = {}
 
 
-def _conv_args(x, weight, stride, padding, dilation):
-    """Checked (x as given, batched?, weight, geometry, output (OH, OW), the
-    small-E plan or None, the direct kernels' arguments or ()), or from
-    _checked."""
-    xc, weight, batched, (geom, out_hw, plan, direct) = chk.cached_conv_checks(
-        _checked, _checks_and_plan, x, weight, stride, padding, dilation)
-    return xc, batched, weight, geom, out_hw, plan, direct
+class _Call(NamedTuple):
+    """What the checks of a call give, kept for the calls that repeat it."""
+    geom: tuple        # (kh, kw, sh, sw, ph, pw, dh, dw)
+    out_hw: tuple      # (OH, OW)
+    out_shape: tuple   # the output's shape, as x is batched or not
+    plan: object       # at small E, conv2d's plan of the component images; else None
+    direct: tuple      # at E = 1, a call small enough for conv2d's direct kernels:
+                       # their arguments (conv.plan; they take (N, C, H, W, 1) arrays
+    direct_fwd: tuple  # as they are), and those of the forward
 
 
 def _checks_and_plan(x, weight, stride, padding, dilation):
     """chk.vector_conv_args, and at small E the plan of conv2d's kernels, so
-    that a repeated call (a training loop) makes neither again. At E = 1 a
-    call small enough for conv2d's direct kernels (conv.plan) gets their
-    arguments: they take the (N, C, H, W, 1) arrays as they are."""
+    that a repeated call (a training loop) makes neither again."""
     x5, weight, batched, (geom, out_hw) = chk.vector_conv_args(x, weight, stride, padding, dilation)
-    E, (sh, sw) = x5.shape[4], geom[2:4]
+    N, E, (sh, sw) = x5.shape[0], x5.shape[4], geom[2:4]
     by_conv = forward_by_conv(E, sh, sw) or backward_by_conv(E, sh, sw)
     plan = _small_e_plan(x5, weight, geom) if by_conv else None
     direct = plan.direct if plan is not None and E == 1 else ()
-    return x5, weight, batched, (geom, out_hw, plan, direct)
+    out_shape = (N, weight.shape[0], *out_hw, E)
+    return x5, weight, batched, _Call(geom, out_hw, out_shape if batched else out_shape[1:], plan,
+                                      direct, direct[:2] + direct[4:])
 
 
 # At small E the convolution (forward, or backward) can run as a standard
@@ -119,22 +123,22 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=
     -------
     out : C-contiguous ndarray, shape (O, OH, OW, E) or (N, O, OH, OW, E)
     """
-    xc, batched, weight, geom, (OH, OW), plan, direct = _conv_args(x, weight, stride, padding,
-                                                                   dilation)
+    xc, weight, batched, call = chk.cached_conv_checks(_checked, _checks_and_plan, x, weight,
+                                                       stride, padding, dilation)
     dt = xc.dtype
-    O = weight.shape[0]
+    b = chk.bias_arg(bias, weight.shape[0], dt)
     nt = chk.num_threads_arg(num_threads)
-    b = chk.bias_arg(bias, O, dt)
-    if direct and out is None:  # a small call at E = 1: the lean path
-        res = np.empty((xc.shape[0], O, OH, OW, 1) if batched else (O, OH, OW, 1), dtype=dt)
-        conv.direct_forward(res, xc, weight, b, direct, batched)
+    if call.direct and out is None:  # a small call at E = 1: the lean path
+        res = np.empty(call.out_shape, dt)
+        kernel("conv2d_direct")(xc, weight, b, res, *call.direct_fwd, False, batched)
         return res
+    geom, (OH, OW), plan, O = call.geom, call.out_hw, call.plan, weight.shape[0]
     x5 = xc if batched else xc[None]
     N, E = x5.shape[0], x5.shape[4]
     if out is None:
         res = np.empty((N, O, OH, OW, E), dtype=dt)
     else:
-        res = chk.out_arg(out, (N, O, OH, OW, E) if batched else (O, OH, OW, E), dt)
+        res = chk.out_arg(out, call.out_shape, dt)
         res = res if batched else res[None]
         for a, name in ((x5, "x"), (weight, "weight"), (b, "bias")):
             chk.no_overlap(res, a, xname=name)
@@ -197,17 +201,18 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
     backward_by_conv, as the public function does). cypool.dask passes the
     choice of the whole array to each of its E chunks, so that the input
     gradient of every chunk is the one the whole array gets, bit for bit."""
-    xc, batched, weight, geom, (OH, OW), plan, direct = _conv_args(x, weight, stride, padding,
-                                                                   dilation)
+    xc, weight, batched, call = chk.cached_conv_checks(_checked, _checks_and_plan, x, weight,
+                                                       stride, padding, dilation)
+    dt = xc.dtype
+    g = chk.grad_output_arg(grad_output, dt, call.out_shape)
+    nt = chk.num_threads_arg(num_threads)
+    if call.direct and small_e is not False:  # a small call at E = 1: the lean path
+        return conv.direct_backward(g, xc, weight, call.direct, batched, needs_input_grad,
+                                    needs_weight_grad)
+    geom, (OH, OW), plan = call.geom, call.out_hw, call.plan
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     N, C, H, W, E = xc.shape if batched else (1, *xc.shape)
     O = weight.shape[0]
-    dt = xc.dtype
-    g = chk.grad_output_arg(grad_output, dt, (N, O, OH, OW, E) if batched else (O, OH, OW, E))
-    nt = chk.num_threads_arg(num_threads)
-    if direct and small_e is not False:  # a small call at E = 1: the lean path
-        return conv._direct_backward(g, xc, weight, direct, batched, needs_input_grad,
-                                     needs_weight_grad)
     x5 = xc if batched else xc[None]
     g5 = chk.contiguous(g if batched else g[None], dt)
     grad_x = grad_w = None
@@ -256,7 +261,7 @@ def _small_e_backward(g5, x5, weight, plan, batched, needs_input_grad, needs_wei
         gb = np.empty(O, dtype=x5.dtype)  # conv2d's: summed over all E components
         for gi, xi in zip(_component_images(g5), _component_images(x5)):
             gw = np.empty((O, weight[0].size), dtype=x5.dtype)
-            conv.weight_grad_into(gw, gb, chk.contiguous(gi, x5.dtype), xi, plan, nt)
+            conv.weight_grad_into(gw, gb, chk.contiguous(gi, x5.dtype), xi, weight, plan, nt)
             grad_w = gw if grad_w is None else grad_w + gw
         if E == 1:
             grad_bias = gb
