@@ -78,12 +78,18 @@ def _plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str) -
                        (H - 1) * (W + rw) + W, macs, xsize + osize, N)
     weight_grad = _pass((ph0, pw0, Hp, Wp, kh, kw, sh, sw, dh, dw), L, macs, xsize + osize, N)
     col2im = (ph0, pw0, sh, sw, dh, dw) if sh * sw > 1 else ()
-    # Small stride-1 calls (on one thread whichever way) take the direct
-    # kernels (_conv_direct.h): one padded copy of each image is their only
-    # set-up, where the phase kernels' costs as much as the arithmetic.
-    small = forward.serial_chunk and input_grad.serial_chunk and weight_grad.serial_chunk
-    direct = (ph0, pw0, rh - ph0, rw - pw0, dh, dw) if small and sh == sw == 1 else ()
+    serial = bool(forward.serial_chunk and input_grad.serial_chunk and weight_grad.serial_chunk)
+    direct = (ph0, pw0, rh - ph0, rw - pw0, dh, dw) if takes_direct(sh, sw, serial) else ()
     return _Plan((N, O, OH, OW), forward, input_grad, weight_grad, col2im, direct)
+
+
+def takes_direct(sh: int, sw: int, serial: bool) -> bool:
+    """Whether a convolution runs on the direct kernels (_conv_direct.h):
+    stride 1, and small enough that every pass runs on the calling thread.
+    One zero-padded copy of each image is their only set-up, where the
+    phase kernels' (tap lists, chunks, packed weights) costs a small call
+    as much as its arithmetic."""
+    return serial and sh == sw == 1
 
 
 # Calls that passed the checks, and their plan (chk.cached_conv_checks).

@@ -257,3 +257,74 @@ def test_unpadded_stride1_reads_images_in_place(rng, k):
         for nt in (1, 2):
             got = cypool.conv2d(x, w, b, num_threads=nt)
             np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def forced_path(monkeypatch):
+    """force(path): every stride-1 convolution after it runs on the direct
+    kernels ("direct", small or not) or on the phase kernels ("phase")."""
+    from cypool import conv, vector_conv
+
+    def clear():
+        conv._plan.cache_clear()
+        conv._checked.clear()
+        vector_conv._checked.clear()
+
+    def force(path):
+        rule = (lambda sh, sw, serial: sh == sw == 1) if path == "direct" else (lambda *a: False)
+        monkeypatch.setattr(conv, "takes_direct", rule)
+        clear()
+
+    yield force
+    clear()
+
+
+@pytest.mark.parametrize("path", ["direct", "phase"])
+@pytest.mark.parametrize("trial", range(24))
+def test_both_stride1_kernels_match_reference(rng, forced_path, path, trial):
+    # Small calls take the direct kernels, the rest the phase kernels; each
+    # is forced here on every stride-1 case: 1 to 9 output channels (every
+    # tile height and the last block of 1-3), rows shorter and longer than
+    # a vector, dilation, 'same' padding, views, one image and several.
+    forced_path(path)
+    while True:
+        xs, ws, geo, pad = random_case(rng, big=trial % 3 == 0)
+        if geo["stride"] == (1, 1) or geo["padding"] == "same":
+            break
+        geo["stride"] = (1, 1)
+        if all(H + sum(p) >= d * (k - 1) + 1 for H, p, d, k in
+               zip(xs[2:], pad, geo["dilation"], ws[2:])):
+            break
+    ws = (int(rng.integers(1, 10)),) + ws[1:]
+    check_against_reference(rng, xs, ws, geo, pad, [np.float32, np.float64][trial % 2],
+                            batched=trial % 4 != 1, with_bias=trial % 3 != 2, view=trial % 5 == 0)
+
+
+def test_small_stride1_calls_take_the_direct_kernels():
+    from cypool import conv
+    assert conv.plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 0, 1).direct
+    assert conv.plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 2, 2).direct
+    assert not conv.plan((1, 1, 28, 28), (2, 1, 5, 5), 2, 0, 1).direct  # strided
+    assert not conv.plan((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1).direct  # a team's work
+
+
+@pytest.mark.parametrize("path", ["direct", "phase"])
+@pytest.mark.parametrize("W", [7, 13, 21, 37])
+def test_inf_read_only_by_a_rows_last_vector(rng, forced_path, path, W):
+    # The last vector of an output row runs past the row's end; its extra
+    # lanes read real pixels (an inf here) that no output of that tap
+    # reads. They must not reach the weight gradient (0 * inf is NaN).
+    forced_path(path)
+    x = rng.standard_normal((2, 2, 6, W))
+    x[0, 1, :, W - 1] = np.inf
+    x[1, 0, 2, W - 2] = -np.inf
+    w = rng.standard_normal((3, 2, 3, 3))
+    with np.errstate(invalid="ignore"):  # inf - inf in the loops
+        want = ref.conv2d(x, w, None, (1, 1), ((0, 0), (0, 0)), (1, 1))
+        g = rng.standard_normal(want.shape)
+        rgx, rgw, rgb = ref.conv2d_backward(g, x, w, (1, 1), ((0, 0), (0, 0)), (1, 1))
+    gx, gw, gb = cypool.conv2d_backward(g, x, w)
+    assert np.isfinite(rgw[:, :, :, 0]).any()
+    for got, exp in ((gw, rgw), (gx, rgx), (gb, rgb), (cypool.conv2d(x, w), want)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(exp))
+        np.testing.assert_allclose(got[~np.isnan(got)], exp[~np.isnan(exp)], rtol=1e-10)

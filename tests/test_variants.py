@@ -63,17 +63,20 @@ def test_capped_kernels_run_at_most_avx2_unless_forced():
 def test_variant_convolution_matches_reference(rng, isa, monkeypatch):
     # Every tile width of every variant: E from 1 to past three 16-float
     # vectors, with ends of 1, 8 and 16 values; O not a multiple of 4.
+    # Stride 1 at E = 1 and small E: conv2d's direct kernels (rows of 3, 13
+    # and 21 outputs: every tile width of 4-, 8- and 16-float vectors).
     monkeypatch.setattr(_backend, "isa_for", lambda name: isa)
     monkeypatch.setattr(_backend, "_specialised", {})
-    for E in (1, 3, 8, 9, 17, 24, 40, 48, 57, 64, 105):
+    cases = [(E, 6, (2, 1), (1, 1), (1, 2)) for E in (1, 3, 8, 9, 17, 24, 40, 48, 57, 64, 105)]
+    cases += [(E, W, (1, 1), (0, 1), (1, 1)) for E in (1, 2) for W in (2, 12, 20)]
+    for E, W, *args in cases:
         for dtype in (np.float32, np.float64):
-            x = rng.standard_normal((2, 3, 7, 6, E)).astype(dtype)
+            x = rng.standard_normal((2, 3, 7, W, E)).astype(dtype)
             w = rng.standard_normal((6, 3, 3, 2)).astype(dtype)
             b = rng.standard_normal(6).astype(dtype)
-            geo = dict(stride=(2, 1), padding=(1, 1), dilation=(1, 2))
+            geo = dict(zip(("stride", "padding", "dilation"), args))
             out = cypool.vector_conv2d(x, w, b, **geo)
             x64, w64 = x.astype(np.float64), w.astype(np.float64)
-            args = ((2, 1), (1, 1), (1, 2))
             tol = dict(rtol=2e-4, atol=2e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
             np.testing.assert_allclose(out, ref.vector_conv2d(x64, w64, b.astype(np.float64), *args), **tol)
             g = rng.standard_normal(out.shape).astype(dtype)
