@@ -179,17 +179,22 @@ cdef int _direct_weight_grad(const Arr* g, const Arr* x, const Arr* gw,
 
 
 cdef int _get(object a, Py_buffer* view, Arr* arr, bint batched, bint writable) except -1:
-    """view = a's buffer (to release), arr = its first four axes, after a
-    batch axis of one image put in front when not batched; axes it lacks
-    have length 1 (and a trailing fifth of length 1 is left out)."""
-    cdef int k, src, lead = 0 if batched else 1
+    """view = a's buffer (to release), arr = its first four axes (_as_arr)."""
     PyObject_GetBuffer(a, view, PyBUF_STRIDES | (PyBUF_WRITABLE if writable else 0))
-    arr.buf = <char*>view.buf
+    _as_arr(view, arr, batched)
+    return 0
+
+
+cdef void _as_arr(const Py_buffer* v, Arr* a, bint batched) noexcept:
+    """a = v's first four axes, after a batch axis of one image put in front
+    when not batched; axes it lacks have length 1 (and a trailing fifth of
+    length 1, a vector image's E = 1, is left out)."""
+    cdef int k, src, lead = 0 if batched else 1
+    a.buf = <char*>v.buf
     for k in range(4):
         src = k - lead
-        arr.shape[k] = view.shape[src] if 0 <= src < view.ndim else 1
-        arr.strides[k] = view.strides[src] if 0 <= src < view.ndim else 0
-    return 0
+        a.shape[k] = v.shape[src] if 0 <= src < v.ndim else 1
+        a.strides[k] = v.strides[src] if 0 <= src < v.ndim else 0
 
 
 def conv2d_direct(x,         # IN  (N, Cin, H, W[, 1]), any strides, float32 or float64

@@ -94,6 +94,9 @@ def takes_direct(sh: int, sw: int, serial: bool) -> bool:
 
 # Calls that passed the checks, and their plan (chk.cached_conv_checks).
 _checked: dict = {}
+# This module's calls in the kernels' memo of checked calls that take the
+# direct kernels (_conv_memo.pxi): a repeat runs without the Python checks.
+_MEMO = 0
 
 
 def _checked_plan(x, weight, stride, padding, dilation):
@@ -257,6 +260,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, n
         a kernel larger than the padded input, or bad parameters, naming
         the parameter, before any kernel runs.
     """
+    if out is None:
+        res = kernel("memo_forward")(_MEMO, x, weight, bias, stride, padding, dilation,
+                                     num_threads)
+        if res is not None:  # a repeat of a checked small stride-1 call
+            return res
     xc, weight, batched, plan = _checked_plan(x, weight, stride, padding, dilation)
     dt = xc.dtype
     nt = chk.num_threads_arg(num_threads)
@@ -269,6 +277,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, n
         chk.no_overlap(res, xc)
     if plan.direct:
         direct_forward(res, xc, weight, b, plan.direct, batched)
+        if out is None:
+            kernel("memo_remember")(_MEMO, x, weight, stride, padding, dilation, shape, dt,
+                                    plan.direct, batched)
     else:
         forward_into(res if batched else res[None], xc if batched else xc[None], weight, b, plan, nt)
     return res
@@ -296,11 +307,18 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     grad_bias : ndarray, shape (O,)
         The sum of grad_output over the batch and positions.
     """
+    grads = kernel("memo_backward")(_MEMO, grad_output, x, weight, stride, padding, dilation,
+                                    needs_input_grad, needs_weight_grad, num_threads)
+    if grads is not None:  # a repeat of a checked small stride-1 call
+        return grads
     xc, weight, batched, plan = _checked_plan(x, weight, stride, padding, dilation)
     dt = xc.dtype
-    g = chk.grad_output_arg(grad_output, dt, plan.out_shape if batched else plan.out_shape[1:])
+    shape = plan.out_shape if batched else plan.out_shape[1:]
+    g = chk.grad_output_arg(grad_output, dt, shape)
     nt = chk.num_threads_arg(num_threads)
     if plan.direct:
+        kernel("memo_remember")(_MEMO, x, weight, stride, padding, dilation, shape, dt,
+                                plan.direct, batched)
         return direct_backward(g, xc, weight, plan.direct, batched, needs_input_grad,
                                needs_weight_grad)
     x4 = xc if batched else xc[None]

@@ -35,6 +35,9 @@ def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
 
 # Calls that passed the checks, and what the checks gave (chk.cached_conv_checks).
 _checked: dict = {}
+# This module's calls in the kernels' memo of checked calls that take the
+# direct kernels (_conv_memo.pxi): a repeat runs without the Python checks.
+_MEMO = 1
 
 
 class _Call(NamedTuple):
@@ -123,14 +126,21 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=
     -------
     out : C-contiguous ndarray, shape (O, OH, OW, E) or (N, O, OH, OW, E)
     """
+    if out is None:
+        res = kernel("memo_forward")(_MEMO, x, weight, bias, stride, padding, dilation,
+                                     num_threads)
+        if res is not None:  # a repeat of a checked small call at E = 1
+            return res
     xc, weight, batched, call = chk.cached_conv_checks(_checked, _checks_and_plan, x, weight,
                                                        stride, padding, dilation)
     dt = xc.dtype
     b = chk.bias_arg(bias, weight.shape[0], dt)
     nt = chk.num_threads_arg(num_threads)
-    if call.direct and out is None:  # a small call at E = 1: the lean path
+    if call.direct and out is None:  # a small call at E = 1: the direct kernels
         res = np.empty(call.out_shape, dt)
         kernel("conv2d_direct")(xc, weight, b, res, *call.direct_fwd, False, batched)
+        kernel("memo_remember")(_MEMO, x, weight, stride, padding, dilation, call.out_shape, dt,
+                                call.direct, batched)
         return res
     geom, (OH, OW), plan, O = call.geom, call.out_hw, call.plan, weight.shape[0]
     x5 = xc if batched else xc[None]
@@ -191,6 +201,10 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     grad_bias : ndarray of shape (O,)
         The sum of ``grad_output[..., 0]`` over the batch and positions.
     """
+    grads = kernel("memo_backward")(_MEMO, grad_output, x, weight, stride, padding, dilation,
+                                    needs_input_grad, needs_weight_grad, num_threads)
+    if grads is not None:  # a repeat of a checked small call at E = 1
+        return grads
     return backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad,
                     needs_weight_grad, num_threads)
 
@@ -206,7 +220,9 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
     dt = xc.dtype
     g = chk.grad_output_arg(grad_output, dt, call.out_shape)
     nt = chk.num_threads_arg(num_threads)
-    if call.direct and small_e is not False:  # a small call at E = 1: the lean path
+    if call.direct and small_e is not False:  # a small call at E = 1: the direct kernels
+        kernel("memo_remember")(_MEMO, x, weight, stride, padding, dilation, call.out_shape, dt,
+                                call.direct, batched)
         return conv.direct_backward(g, xc, weight, call.direct, batched, needs_input_grad,
                                     needs_weight_grad)
     geom, (OH, OW), plan = call.geom, call.out_hw, call.plan

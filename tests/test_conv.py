@@ -263,12 +263,14 @@ def test_unpadded_stride1_reads_images_in_place(rng, k):
 def forced_path(monkeypatch):
     """force(path): every stride-1 convolution after it runs on the direct
     kernels ("direct", small or not) or on the phase kernels ("phase")."""
-    from cypool import conv, vector_conv
+    from cypool import _backend, conv, vector_conv
 
     def clear():
         conv._plan.cache_clear()
         conv._checked.clear()
         vector_conv._checked.clear()
+        for isa in _backend.RUNNABLE_ISAS:
+            _backend._load(isa).memo_forget()
 
     def force(path):
         rule = (lambda sh, sw, serial: sh == sw == 1) if path == "direct" else (lambda *a: False)
