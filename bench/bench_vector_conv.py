@@ -138,6 +138,10 @@ def main(argv=None):
     print(table("vector_conv2d forward at small E, float32", sf))
     print()
     print(table("vector_conv2d_backward at small E (input and weight gradients), float32", sb))
+    seed = [(f, b) for (case, f), (_, b) in zip(sf, sb) if case.startswith("(1, 28, 28)") and case.endswith("E = 1")]
+    for f, b in seed:  # a training step's two calls at batch size 1
+        print(f"\nE = 1, (1, 28, 28, 1) by (2, 1, 5, 5): forward + backward {1e6 * (f['cypool'] + b['cypool']):.1f} us "
+              f"(forward {1e6 * f['cypool']:.1f} us, backward {1e6 * b['cypool']:.1f} us)")
     print()
     print(memory_table("call", "max(10% of output, 4 MiB)", mem_lines))
 
