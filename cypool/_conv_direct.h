@@ -57,6 +57,15 @@
 #define CYPOOL_CD_NK_CYPOOL_CD_K2 2
 #define CYPOOL_CD_NK_CYPOOL_CD_K3 3
 
+/* x stays in a register (the empty asm): gcc cannot read it from memory
+ * again in place of the register. Not in the AVX-512 layout compiled
+ * without AVX-512 (tests/c), where no register holds a 64-byte vector. */
+#if CYPOOL_VC_VBYTES == 64 && !defined(__AVX512VL__)
+#define CYPOOL_CD_PIN(x)
+#else
+#define CYPOOL_CD_PIN(x) __asm__("" : "+v"(x));
+#endif
+
 /* A tap's multiply-adds, in the order that keeps a tile's values in the 16
  * vector registers of AVX2: with 3 or 4 channels, each of the row's K
  * vectors loaded once and each channel's weight broadcast in turn; with 1
@@ -71,7 +80,7 @@
     V w0 = wp[0] - (V){0}, w1 = wp[1] - (V){0}; YS(K, CYPOOL_CD_LF2)
 #define CYPOOL_CD_LF1(r, y, k) { V x = *(const V *)(q + y * ldp + k * L); a0##y##k += w0 * x; }
 #define CYPOOL_CD_LF2(r, y, k) { V x = *(const V *)(q + y * ldp + k * L);            \
-                                 __asm__("" : "+v"(x)); /* one load, in a register */ \
+                                 CYPOOL_CD_PIN(x) /* one load, in a register */      \
                                  a0##y##k += w0 * x; a1##y##k += w1 * x; }
 
 #define CYPOOL_CD_ZERO(r, y, k) V a##r##y##k = {0};
@@ -123,7 +132,7 @@ static inline void NAME(const T *p, ptrdiff_t plane, ptrdiff_t ldp, ptrdiff_t sd
 #define CYPOOL_CD_C5(M, i) CYPOOL_CD_C4(M, i) M(i, 4)
 #define CYPOOL_CD_C6(M, i) CYPOOL_CD_C5(M, i) M(i, 5)
 #define CYPOOL_CD_WZERO(r, k) V a##r##k = {0};
-#define CYPOOL_CD_WLOAD(r, k) V x##k = *(const V *)(q + off[k]); __asm__("" : "+v"(x##k));
+#define CYPOOL_CD_WLOAD(r, k) V x##k = *(const V *)(q + off[k]); CYPOOL_CD_PIN(x##k)
 #define CYPOOL_CD_WMASK(r, k) x##k = (V)((M)x##k & mask);
 #define CYPOOL_CD_GLOAD(r, k) V g##r = *(const V *)(gq + r * gplane);
 #define CYPOOL_CD_WFMA(r, k) a##r##k += g##r * x##k;

@@ -1,8 +1,9 @@
 """The C register tiles of the vector and standard convolutions
-(cypool/_vconv_kernel.h), compiled on their own for every vector width the
-wheels build, against a plain loop (tests/c/vconv_tiles.c). The Python
-tests run the tiles of the variant this CPU picks; this runs the others
-too, the AVX-512 layout included, on any x86-64 CPU."""
+(cypool/_vconv_kernel.h, tests/c/vconv_tiles.c) and the direct stride-1
+kernels (cypool/_conv_direct.h, tests/c/conv_direct.c), compiled on their
+own for every vector width the wheels build, against plain loops. The
+Python tests run the kernels of the variant this CPU picks; this runs the
+others too, the AVX-512 layout included, on any x86-64 CPU."""
 import os
 import platform
 import shutil
@@ -15,7 +16,7 @@ from cypool import _backend
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER_DIR = ROOT / "cypool"
-SOURCE = ROOT / "tests" / "c" / "vconv_tiles.c"
+SOURCES = {"vconv_tiles": "_vconv_kernel.h", "conv_direct": "_conv_direct.h"}  # test: header
 
 # (name, extra flags, CPU feature needed to run it): gcc lowers the 64-byte
 # vectors of the AVX-512 layout to the instructions it is allowed.
@@ -31,26 +32,28 @@ def _env():
             if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS")}
 
 
-def _compile(cc, flags, exe):
-    base = [cc, "-O2", "-std=c99", f"-I{HEADER_DIR}", *flags, str(SOURCE), "-o", str(exe), "-lm"]
+def _compile(cc, flags, source, exe):
+    base = [cc, "-O2", "-std=c99", f"-I{HEADER_DIR}", *flags, str(source), "-o", str(exe), "-lm"]
     for extra in (["-fsanitize=address,undefined", "-fno-sanitize-recover=all"], []):
         r = subprocess.run(base[:2] + extra + base[2:], capture_output=True, text=True, env=_env())
         if r.returncode == 0:
             return
-    pytest.fail(f"{SOURCE.name} did not compile with {flags}:\n{r.stderr[-2000:]}")
+    pytest.fail(f"{source.name} did not compile with {flags}:\n{r.stderr[-2000:]}")
 
 
+@pytest.mark.parametrize("test", SOURCES)
 @pytest.mark.parametrize("name,flags,feature", WIDTHS, ids=[w[0] for w in WIDTHS])
-def test_tiles_match_a_plain_loop(tmp_path, name, flags, feature):
+def test_tiles_match_a_plain_loop(tmp_path, test, name, flags, feature):
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None or platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("needs a C compiler on x86-64")
-    if not (HEADER_DIR / "_vconv_kernel.h").exists() or not SOURCE.exists():
-        pytest.skip("needs the source tree (cypool/_vconv_kernel.h)")
+    source = ROOT / "tests" / "c" / f"{test}.c"
+    if not (HEADER_DIR / SOURCES[test]).exists() or not source.exists():
+        pytest.skip(f"needs the source tree (cypool/{SOURCES[test]})")
     if feature is not None and not _backend.CPU_FEATURES.get(feature):
         pytest.skip(f"this CPU lacks {feature}")
-    exe = tmp_path / "vconv_tiles"
-    _compile(cc, flags, exe)
+    exe = tmp_path / test
+    _compile(cc, flags, source, exe)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env=_env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert ": ok (0 bad)" in r.stdout
