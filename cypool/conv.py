@@ -338,4 +338,3 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     else:
         grad_bias = g4.sum(axis=(0, 2, 3))
     return grad_x, grad_w, grad_bias
-

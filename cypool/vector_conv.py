@@ -46,9 +46,10 @@ class _Call(NamedTuple):
     out_hw: tuple      # (OH, OW)
     out_shape: tuple   # the output's shape, as x is batched or not
     plan: object       # at small E, conv2d's plan of the component images; else None
-    direct: tuple      # at E = 1, a call small enough for conv2d's direct kernels:
-                       # their arguments (conv.plan; they take (N, C, H, W, 1) arrays
-    direct_fwd: tuple  # as they are), and those of the forward
+    direct: tuple      # at E = 1, a call small enough for conv2d's direct kernels
+                       # (which take (N, C, H, W, 1) arrays as they are): conv.plan's
+                       # arguments for them; else ()
+    direct_fwd: tuple  # the forward's part of them
 
 
 def _checks_and_plan(x, weight, stride, padding, dilation):
