@@ -59,8 +59,11 @@ cdef inline void _phase_geom(PhaseGeom* p, Py_ssize_t C, Py_ssize_t H, Py_ssize_
 cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const PhaseGeom* p,
                               floating* buf) noexcept nogil:
     """buf = image n of x, zero-padded, upsampled by (uh, uw), split into
-    stride phases (see the top of this file)."""
-    cdef Py_ssize_t c, h, w, hh, ww, w_lo, w_hi, sx, r, m
+    stride phases (see the top of this file). Divisions only per source
+    row, not per channel or phase: at a small call they cost more than the
+    copying."""
+    cdef Py_ssize_t c, h, w, hh, ww, w_lo, w_hi, sx, r, q, k, m, r0, q0, at
+    cdef Py_ssize_t cplane = p.C * p.plane  # from one column phase to the next
     cdef floating* row
     cdef floating* dst
     cdef const char* src
@@ -72,13 +75,17 @@ cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const 
     w_hi = p.W
     while w_hi > w_lo and p.plw + (w_hi - 1) * p.uw >= p.Wp:
         w_hi = w_hi - 1
+    # Column w_lo's phase and column in it (plw + w_lo >= 0).
+    r0 = (p.plw + w_lo) % p.sw
+    q0 = (p.plw + w_lo) // p.sw
     sx = x.strides[3]
-    for c in range(p.C):
-        for h in range(p.H):
-            hh = p.plh + h * p.uh
-            if hh < 0 or hh >= p.Hp:
-                continue
-            row = buf + ((hh % p.sh) * p.sw * p.C + c) * p.plane + (hh // p.sh) * p.Wq
+    for h in range(p.H):
+        hh = p.plh + h * p.uh
+        if hh < 0 or hh >= p.Hp:
+            continue
+        at = (hh % p.sh) * p.sw * cplane + (hh // p.sh) * p.Wq
+        for c in range(p.C):
+            row = buf + at + c * p.plane
             src = <const char*>&x[n, c, h, 0]
             if p.sw == 1 and p.uw == 1:
                 row = row + p.plw
@@ -88,16 +95,25 @@ cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const 
                     for w in range(w_lo, w_hi):
                         row[w] = (<const floating*>(src + w * sx))[0]
             elif p.uw == 1:
-                # Deinterleave the row into its sw phases: no division per element.
-                for r in range(p.sw):
-                    w = w_lo + (r - (p.plw + w_lo) % p.sw + p.sw) % p.sw  # first w in phase r
-                    dst = row + r * p.C * p.plane + (p.plw + w) // p.sw
-                    for m in range((w_hi - w + p.sw - 1) // p.sw if w < w_hi else 0):
-                        dst[m] = (<const floating*>(src + (w + m * p.sw) * sx))[0]
+                # Deinterleave the row into its sw phases: source column
+                # w_lo + k is the first of phase (r0 + k) % sw.
+                for k in range(min(p.sw, w_hi - w_lo)):
+                    r = r0 + k
+                    q = q0
+                    if r >= p.sw:
+                        r = r - p.sw
+                        q = q + 1
+                    dst = row + r * cplane + q
+                    w = w_lo + k
+                    m = 0
+                    while w < w_hi:
+                        dst[m] = (<const floating*>(src + w * sx))[0]
+                        w = w + p.sw
+                        m = m + 1
             else:
                 for w in range(w_lo, w_hi):
                     ww = p.plw + w * p.uw
-                    row[(ww % p.sw) * p.C * p.plane + ww // p.sw] = (<const floating*>(src + w * sx))[0]
+                    row[(ww % p.sw) * cplane + ww // p.sw] = (<const floating*>(src + w * sx))[0]
 
 
 cdef inline void _tap_offsets(const PhaseGeom* p, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t dh,
@@ -114,38 +130,26 @@ cdef inline void _tap_offsets(const PhaseGeom* p, Py_ssize_t kh, Py_ssize_t kw, 
                 k = k + 1
 
 
-cdef floating* _tap_major_weights(const floating[:, :, :, :] w, bint transposed,
-                                  Py_ssize_t Op) noexcept nogil:
-    """The weights as (K, Op) rows, one per tap (c, i, j), output channels
-    padded to Op with zeros; transposed: the input gradient's weights, taps
-    (o, i, j) and outputs c, the kernel flipped. NULL when out of memory.
-    Row by row, each written in order: for a large weight this copy is a
-    good part of a small call."""
-    cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], r, i, j, c, k
-    # Tap channels and output channels, and their strides in w.
-    cdef Py_ssize_t R = w.shape[0] if transposed else w.shape[1]
-    cdef Py_ssize_t Oc = w.shape[1] if transposed else w.shape[0]
-    cdef Py_ssize_t sr = w.strides[0] if transposed else w.strides[1]
-    cdef Py_ssize_t sc = w.strides[1] if transposed else w.strides[0]
-    cdef const char* base = <const char*>&w[0, 0, 0, 0]
-    cdef const char* src
-    cdef floating* dst
-    cdef floating* wt = <floating*>malloc(R * kh * kw * Op * sizeof(floating))
-    if wt == NULL:
-        return NULL
-    for r in range(R):
-        for i in range(kh):
-            for j in range(kw):
-                if transposed:
-                    k = (r * kh + kh - 1 - i) * kw + kw - 1 - j
-                else:
-                    k = (r * kh + i) * kw + j
-                src = base + r * sr + i * w.strides[2] + j * w.strides[3]
-                dst = wt + k * Op
-                for c in range(Oc):
-                    dst[c] = (<const floating*>(src + c * sc))[0]
-                for c in range(Oc, Op):
-                    dst[c] = 0
+cdef extern from "_tap_major.h" nogil:
+    void cypool_tap_major_f32(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                              int transposed, Py_ssize_t ldt, float* wt)
+    void cypool_tap_major_f64(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                              int transposed, Py_ssize_t ldt, double* wt)
+
+
+cdef floating* _tap_major(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                          bint transposed, Py_ssize_t ldt, floating* _) noexcept nogil:
+    """The weights w (O, C, kh, kw) at byte strides as (K, ldt) rows, one per
+    tap (c, i, j), output channels padded to ldt with zeros; transposed: the
+    input gradient's weights, taps (o, i, j) and outputs c, the kernel
+    flipped (_tap_major.h). Malloc'd; NULL when out of memory."""
+    cdef Py_ssize_t K = (shape[0] if transposed else shape[1]) * shape[2] * shape[3]
+    cdef floating* wt = <floating*>malloc(K * ldt * sizeof(floating))
+    if wt != NULL:
+        if floating is float:
+            cypool_tap_major_f32(w, shape, strides, transposed, ldt, wt)
+        else:
+            cypool_tap_major_f64(w, shape, strides, transposed, ldt, wt)
     return wt
 
 
@@ -285,7 +289,8 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     # Rounding a chunk up to whole vectors reads at most a vector past an
     # image's end: inside x when the images are back to back, but the last.
     j.direct_spill = (x.shape[0] - 1 if x.strides[0] == x.shape[1] * x.strides[1] else 0)
-    wt = _tap_major_weights(w, transposed, Op)
+    wt = _tap_major(<const char*>&w[0, 0, 0, 0], &w.shape[0], &w.strides[0], transposed, Op,
+                    <floating*>NULL)
     Q = x.shape[0] * j.G
     if not failed[0] and wt != NULL:
         if num_threads == 1:

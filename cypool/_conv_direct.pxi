@@ -60,32 +60,6 @@ cdef void _pad_image(const char* src, const Py_ssize_t* shape, const Py_ssize_t*
                     dst[s_lo + s] = (<const floating*>(row + s * sw))[0]
 
 
-cdef floating* _direct_weights(const Arr* w, bint transposed, floating* _) noexcept nogil:
-    """The taps' weights, tap-major: wt[t * Cout + co], t = (ci * kh + i) * kw + j,
-    = w[co, ci, i, j], or transposed w[ci, co, kh-1-i, kw-1-j] (the input
-    gradient's flipped kernel). NULL when out of memory."""
-    cdef Py_ssize_t A = w.shape[0], B = w.shape[1], kh = w.shape[2], kw = w.shape[3]
-    cdef Py_ssize_t Cin = A if transposed else B, Cout = B if transposed else A
-    cdef Py_ssize_t ci, co, i, j, t = 0
-    cdef const char* base = <const char*>w.buf
-    cdef floating* wt = <floating*>malloc(Cin * kh * kw * Cout * sizeof(floating))
-    if wt == NULL:
-        return NULL
-    for ci in range(Cin):
-        for i in range(kh):
-            for j in range(kw):
-                for co in range(Cout):
-                    if transposed:
-                        wt[t] = (<const floating*>(base + ci * w.strides[0] + co * w.strides[1]
-                                                   + (kh - 1 - i) * w.strides[2]
-                                                   + (kw - 1 - j) * w.strides[3]))[0]
-                    else:
-                        wt[t] = (<const floating*>(base + co * w.strides[0] + ci * w.strides[1]
-                                                   + i * w.strides[2] + j * w.strides[3]))[0]
-                    t += 1
-    return wt
-
-
 cdef int _direct_forward(const Arr* x, const Arr* w, const Arr* b,
                          const Arr* out, Py_ssize_t top, Py_ssize_t left, Py_ssize_t dh,
                          Py_ssize_t dw, bint transposed, floating* _) noexcept nogil:
@@ -99,7 +73,7 @@ cdef int _direct_forward(const Arr* x, const Arr* w, const Arr* b,
     cdef bint in_place = (out.strides[3] == isz and out.strides[1] % isz == 0
                           and out.strides[2] % isz == 0 and <size_t>out.buf % isz == 0)
     cdef floating* P = <floating*>malloc(Cin * Hb * ldp * isz)
-    cdef floating* wt = _direct_weights(w, transposed, _)
+    cdef floating* wt = _tap_major(w.buf, w.shape, w.strides, transposed, Cout, _)
     cdef floating* tmp = NULL if in_place else <floating*>malloc(Cout * OH * OW * isz)
     cdef floating* dst
     cdef char* o

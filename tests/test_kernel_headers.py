@@ -1,6 +1,7 @@
 """The C register tiles of the vector and standard convolutions
 (cypool/_vconv_kernel.h, tests/c/vconv_tiles.c) and the direct stride-1
-kernels (cypool/_conv_direct.h, tests/c/conv_direct.c), compiled on their
+kernels (cypool/_conv_direct.h, tests/c/conv_direct.c) and the tap-major
+weight copy (cypool/_tap_major.h, tests/c/tap_major.c), compiled on their
 own for every vector width the wheels build, against plain loops. The
 Python tests run the kernels of the variant this CPU picks; this runs the
 others too, the AVX-512 layout included, on any x86-64 CPU."""
@@ -16,7 +17,8 @@ from cypool import _backend
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER_DIR = ROOT / "cypool"
-SOURCES = {"vconv_tiles": "_vconv_kernel.h", "conv_direct": "_conv_direct.h"}  # test: header
+SOURCES = {"vconv_tiles": "_vconv_kernel.h", "conv_direct": "_conv_direct.h",  # test: header
+           "tap_major": "_tap_major.h"}
 
 # (name, extra flags, CPU feature needed to run it): gcc lowers the 64-byte
 # vectors of the AVX-512 layout to the instructions it is allowed.
