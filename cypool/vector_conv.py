@@ -49,7 +49,6 @@ class _Call(NamedTuple):
     direct: tuple      # at E = 1, a call small enough for conv2d's direct kernels
                        # (which take (N, C, H, W, 1) arrays as they are): conv.plan's
                        # arguments for them; else ()
-    direct_fwd: tuple  # the forward's part of them
 
 
 def _checks_and_plan(x, weight, stride, padding, dilation):
@@ -57,12 +56,13 @@ def _checks_and_plan(x, weight, stride, padding, dilation):
     that a repeated call (a training loop) makes neither again."""
     x5, weight, batched, (geom, out_hw) = chk.vector_conv_args(x, weight, stride, padding, dilation)
     N, E, (sh, sw) = x5.shape[0], x5.shape[4], geom[2:4]
-    by_conv = forward_by_conv(E, sh, sw) or backward_by_conv(E, sh, sw)
+    taps = weight.shape[1] * geom[0] * geom[1]
+    by_conv = forward_by_conv(E, sh, sw, taps) or backward_by_conv(E, sh, sw)
     plan = _small_e_plan(x5, weight, geom) if by_conv else None
     direct = plan.direct if plan is not None and E == 1 else ()
     out_shape = (N, weight.shape[0], *out_hw, E)
     return x5, weight, batched, _Call(geom, out_hw, out_shape if batched else out_shape[1:], plan,
-                                      direct, direct[:2] + direct[4:])
+                                      direct)
 
 
 # At small E the convolution (forward, or backward) can run as a standard
@@ -72,10 +72,17 @@ def _checks_and_plan(x, weight, stride, padding, dilation):
 # empty. Which way is faster depends on E and the stride (bench/README.md
 # and docs/performance.md have the measurements behind these rules).
 
-def forward_by_conv(E: int, sh: int, sw: int) -> bool:
+def forward_by_conv(E: int, sh: int, sw: int, taps: int) -> bool:
     """Whether the forward takes conv2d's kernels: below E = 16, except a
-    strided convolution at E = 8, which fills a vector tile."""
-    return E < 16 and (E % 8 != 0 or sh == sw == 1)
+    strided convolution at E = 8 with few taps (C*kh*kw) an output: there a
+    component image's set-up (its phase split, its output written E
+    values apart) outweighs its arithmetic, and E = 8 fills an AVX2
+    vector tile."""
+    return E < 16 and (E % 8 != 0 or sh == sw == 1 or taps >= _FEW_TAPS)
+
+
+# Below this many taps an output, a strided forward at E = 8 takes the tiles.
+_FEW_TAPS = 64
 
 
 def backward_by_conv(E: int, sh: int, sw: int) -> bool:
@@ -139,7 +146,7 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=
     nt = chk.num_threads_arg(num_threads)
     if call.direct and out is None:  # a small call at E = 1: the direct kernels
         res = np.empty(call.out_shape, dt)
-        kernel("conv2d_direct")(xc, weight, b, res, *call.direct_fwd, False, batched)
+        conv.direct_forward(res, xc, weight, b, call.direct, batched)
         kernel("memo_remember")(_MEMO, x, weight, stride, padding, dilation, call.out_shape, dt,
                                 call.direct, batched)
         return res
@@ -153,7 +160,7 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=
         res = res if batched else res[None]
         for a, name in ((x5, "x"), (weight, "weight"), (b, "bias")):
             chk.no_overlap(res, a, xname=name)
-    if forward_by_conv(E, *geom[2:4]):
+    if forward_by_conv(E, *geom[2:4], weight.size // O):
         # conv2d's bias goes to every component image: at E = 1, that is
         # component 0; otherwise it is added to component 0 afterwards.
         kb = b if E == 1 else chk.no_bias(dt)
@@ -176,7 +183,10 @@ def _tiles_forward(x5, weight, b, out, geom, nt):
     dt = x5.dtype
     xc = chk.contiguous(x5, dt)
     wt = padded_columns(weight.reshape(O, C * kh * kw).T)  # (K, O padded): one row per tap
-    threads = threads_for(nt, xc.size + out.size, N * out.shape[2] * out.shape[3])
+    # Multiply-adds count too (conv._work): a strided call over 16 to 32
+    # components can touch few elements and still be worth a team.
+    macs = out.size * C * kh * kw
+    threads = threads_for(nt, conv._work(macs, xc.size + out.size), N * out.shape[2] * out.shape[3])
     ec = _e_chunk(E, kh, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors
     b = padded_columns(b[None, :])[0] if b.size else b
     kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *geom, ec, threads)
