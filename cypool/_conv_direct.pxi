@@ -49,6 +49,8 @@ cdef void _pad_image(const char* src, const Py_ssize_t* shape, const Py_ssize_t*
     cdef const char* row
     cdef floating* dst
     memset(P, 0, C * Hb * ldp * sizeof(floating))
+    if s_hi <= s_lo:  # no column of the image inside P
+        return
     for c in range(C):
         for r in range(r_lo, r_hi):
             row = src + c * strides[1] + (r - top) * strides[2] + (s_lo - left) * sw
