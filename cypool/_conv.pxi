@@ -135,6 +135,10 @@ cdef extern from "_tap_major.h" nogil:
                               int transposed, Py_ssize_t ldt, float* wt)
     void cypool_tap_major_f64(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
                               int transposed, Py_ssize_t ldt, double* wt)
+    void cypool_tap_rows_f32(const float* base, const Py_ssize_t* off, Py_ssize_t K,
+                             Py_ssize_t n, float* out)
+    void cypool_tap_rows_f64(const double* base, const Py_ssize_t* off, Py_ssize_t K,
+                             Py_ssize_t n, double* out)
 
 
 cdef floating* _tap_major(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
@@ -342,7 +346,8 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
 
     Two ways. Many channels: a chunk's real output positions r (columns
     ow < OW) give two matrices, gT[r, o] = grad_out at r and colT[r, k] =
-    tap k of r (a row of im2col, gathered from the phase buffer), and
+    tap k of r (a row of im2col: the chunk's tap vectors in the phase
+    buffer, transposed in blocks by _tap_major.h), and
     gw[o, k] += sum over r of gT[r, o] * colT[r, k] is the forward's matrix
     product with the positions as taps and the taps as E: the same register
     tiles. Few channels: dot products of grad_out's chunk (zeros past each
@@ -373,7 +378,6 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
     cdef const floating** gs = <const floating**>malloc(O4 * sizeof(void*)) if few else NULL
     cdef const floating** xs = <const floating**>malloc(K2 * sizeof(void*)) if few else NULL
     cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K2 * sizeof(Py_ssize_t)) if few else NULL
-    cdef const floating* src
     cdef int failed = (buf == NULL or gT == NULL or colT == NULL or part == NULL or rows == NULL
                        or outs == NULL or pp == NULL)
     if few and (gch == NULL or zero == NULL or gwd == NULL or gs == NULL or xs == NULL
@@ -424,7 +428,12 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
                         t = t + CYPOOL_VC_TB
                     o = o + CYPOOL_VC_OB
                 continue
-            # The chunk's real positions, as rows of gT and colT.
+            # The chunk's im2col rows, every position's (transposed in
+            # blocks); its real positions' rows, and their rows of gT.
+            if floating is float:
+                cypool_tap_rows_f32(buf + e_lo, j.off, K, ne, colT)
+            else:
+                cypool_tap_rows_f64(buf + e_lo, j.off, K, ne, colT)
             nr = 0
             for e in range(e_lo, e_lo + ne):
                 oh = e // Wq
@@ -435,10 +444,7 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
                     gT[nr * Op + o] = gout[n, o, oh, ow]
                 for o in range(j.O, Op):
                     gT[nr * Op + o] = 0
-                src = buf + e
-                for k in range(K):
-                    colT[nr * K + k] = src[j.off[k]]
-                rows[nr] = colT + nr * K
+                rows[nr] = colT + (e - e_lo) * K
                 nr = nr + 1
             if nr == 0:
                 continue

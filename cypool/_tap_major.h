@@ -11,6 +11,8 @@
  * double) wherever a kernel's taps lie side by side in memory, forwards
  * (the forward) or backwards (transposed), else one value at a time. One
  * value at a time, a large weight's copy was a quarter of a small call.
+ * cypool_tap_rows_* transposes the same way the taps' vectors of a chunk
+ * of output positions into rows of im2col (the weight gradient's).
  */
 #ifndef CYPOOL_TAP_MAJOR_H
 #define CYPOOL_TAP_MAJOR_H
@@ -53,6 +55,27 @@ static inline void cypool_tm_block_f64(const char *a, ptrdiff_t sc, double *d, p
 #define CYPOOL_TM_BLOCK_F64 0
 #endif
 
+#if defined(__SSE2__)
+/* The same blocks from B rows at pointers a[0..B-1] (not a fixed stride). */
+static inline void cypool_tm_rows_f32(const float *const *a, float *d, ptrdiff_t ldd)
+{
+    __m128 r0 = _mm_loadu_ps(a[0]), r1 = _mm_loadu_ps(a[1]);
+    __m128 r2 = _mm_loadu_ps(a[2]), r3 = _mm_loadu_ps(a[3]);
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    _mm_storeu_ps(d, r0);
+    _mm_storeu_ps(d + ldd, r1);
+    _mm_storeu_ps(d + 2 * ldd, r2);
+    _mm_storeu_ps(d + 3 * ldd, r3);
+}
+
+static inline void cypool_tm_rows_f64(const double *const *a, double *d, ptrdiff_t ldd)
+{
+    __m128d r0 = _mm_loadu_pd(a[0]), r1 = _mm_loadu_pd(a[1]);
+    _mm_storeu_pd(d, _mm_unpacklo_pd(r0, r1));
+    _mm_storeu_pd(d + ldd, _mm_unpackhi_pd(r0, r1));
+}
+#endif
+
 #define CYPOOL_TM_DEFINE(T, SUF, B)                                                  \
 static inline void cypool_tap_major_##SUF(const char *w, const ptrdiff_t *shape,     \
         const ptrdiff_t *st, int transposed, ptrdiff_t ldt, T *wt)                   \
@@ -89,6 +112,32 @@ static inline void cypool_tap_major_##SUF(const char *w, const ptrdiff_t *shape,
             for (ptrdiff_t o = Oc; o < ldt; o++)                                     \
                 row[q * ldt + o] = 0;                                                \
     }                                                                                \
+}                                                                                    \
+                                                                                     \
+/* out[e * K + k] = base[off[k] + e] for e < n, k < K: the taps' vectors,      \
+ * K of them, as n rows of K values (a chunk's im2col rows, for the weight      \
+ * gradient), in the same blocks. */                                           \
+static inline void cypool_tap_rows_##SUF(const T *base, const ptrdiff_t *off,        \
+        ptrdiff_t K, ptrdiff_t n, T *out)                                            \
+{                                                                                    \
+    /* B positions at a time, all taps: out is written row after row, and      \
+     * the taps' cache lines are read again by the next B positions. */        \
+    ptrdiff_t e = 0;                                                                 \
+    for (; B > 0 && e + B <= n; e += B) {                                            \
+        ptrdiff_t k = 0;                                                             \
+        for (; k + B <= K; k += B) {                                                 \
+            const T *a[4];                                                           \
+            for (int i = 0; i < B; i++)                                              \
+                a[i] = base + off[k + i] + e;                                        \
+            cypool_tm_rows_##SUF(a, out + e * K + k, K);                             \
+        }                                                                            \
+        for (; k < K; k++)                                                           \
+            for (int l = 0; l < B; l++)                                              \
+                out[(e + l) * K + k] = base[off[k] + e + l];                         \
+    }                                                                                \
+    for (; e < n; e++)                                                               \
+        for (ptrdiff_t k = 0; k < K; k++)                                            \
+            out[e * K + k] = base[off[k] + e];                                       \
 }
 
 #if !defined(__SSE2__)
@@ -97,6 +146,10 @@ static inline void cypool_tm_block_f32(const char *a, ptrdiff_t sc, float *d, pt
                                        int backwards) { (void)a; (void)sc; (void)d; (void)ldt; (void)backwards; }
 static inline void cypool_tm_block_f64(const char *a, ptrdiff_t sc, double *d, ptrdiff_t ldt,
                                        int backwards) { (void)a; (void)sc; (void)d; (void)ldt; (void)backwards; }
+static inline void cypool_tm_rows_f32(const float *const *a, float *d, ptrdiff_t ldd)
+{ (void)a; (void)d; (void)ldd; }
+static inline void cypool_tm_rows_f64(const double *const *a, double *d, ptrdiff_t ldd)
+{ (void)a; (void)d; (void)ldd; }
 #endif
 
 CYPOOL_TM_DEFINE(float, f32, CYPOOL_TM_BLOCK_F32)

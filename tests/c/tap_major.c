@@ -3,7 +3,8 @@
  * 1-5 x 1-5 taps, zero padding of the output channels, and weights read
  * through every kind of stride: C-contiguous (the 4 x 4 and 2 x 2 blocks),
  * gaps between rows or channels, reversed axes (negative strides), and
- * taps not side by side (one value at a time). Built by
+ * taps not side by side (one value at a time); and the taps' vectors
+ * transposed into im2col rows (cypool_tap_rows_*). Built by
  * tests/test_kernel_headers.py once per vector width. Exits 1 on a wrong
  * value. */
 #include <stdio.h>
@@ -68,10 +69,39 @@ static int check_##SUF(void) {                                                  
 CHECK(float, f32)
 CHECK(double, f64)
 
+/* cypool_tap_rows_*: K taps at any offsets (repeated, out of order), n
+ * positions, every remainder of both against the blocks. */
+#define CHECK_ROWS(T, SUF)                                                           \
+static int check_rows_##SUF(void) {                                                  \
+    int bad = 0;                                                                     \
+    for (int trial = 0; trial < 3000; trial++) {                                     \
+        ptrdiff_t K = 1 + rand() % 23, n = 1 + rand() % 41, span = 64;               \
+        T *base = malloc((span + n) * sizeof(T)), *out = malloc(n * K * sizeof(T));  \
+        ptrdiff_t *off = malloc(K * sizeof(ptrdiff_t));                              \
+        for (ptrdiff_t i = 0; i < span + n; i++) base[i] = (T)(i * 3 + 1);          \
+        for (ptrdiff_t k = 0; k < K; k++) off[k] = rand() % span;                    \
+        cypool_tap_rows_##SUF(base, off, K, n, out);                                 \
+        for (ptrdiff_t e = 0; e < n; e++)                                            \
+            for (ptrdiff_t k = 0; k < K; k++)                                        \
+                if (out[e * K + k] != base[off[k] + e]) {                            \
+                    if (bad < 5) printf(#SUF " rows K=%td n=%td: e=%td k=%td %g != %g\n", \
+                                        K, n, e, k, (double)out[e * K + k],          \
+                                        (double)base[off[k] + e]);                   \
+                    bad++;                                                           \
+                }                                                                    \
+        free(base);                                                                  \
+        free(out);                                                                   \
+        free(off);                                                                   \
+    }                                                                                \
+    return bad;                                                                      \
+}
+CHECK_ROWS(float, f32)
+CHECK_ROWS(double, f64)
+
 int main(void)
 {
     srand(7);
-    int bad = check_f32() + check_f64();
+    int bad = check_f32() + check_f64() + check_rows_f32() + check_rows_f64();
     printf("tap_major: %s (%d bad)\n", bad ? "FAILED" : "ok", bad);
     return bad != 0;
 }
