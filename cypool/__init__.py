@@ -9,14 +9,20 @@ Cython + OpenMP kernels behind numpy functions and layer classes:
 * :func:`conv2d`, :func:`conv2d_backward`: standard NCHW convolution, and
   the layer :class:`Conv2d`;
 * :func:`vector_conv2d`, :func:`vector_conv2d_backward`: convolution over
-  images whose pixels are vectors, and the layer :class:`VectorConv2d`.
+  images whose pixels are vectors, and the layer :class:`VectorConv2d`;
+* :mod:`cypool.zonotope`: certification of networks on zonotopes (DeepZ),
+  with the layers :class:`VectorReLU`, :class:`VectorLinear`,
+  :class:`VectorFlatten`, and the numpy layers :class:`Linear`,
+  :class:`ReLU`, :class:`Flatten` to train the networks it certifies.
 """
 from ._backend import show_config
 from .argmax import argmax2d
 from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d, max_unpool2d_backward
 from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
-from .layers import Conv2d, GlobalMaxPool2d, Layer, MaxPool2d, MaxUnpool2d, VectorConv2d
+from .layers import (Conv2d, Flatten, GlobalMaxPool2d, Layer, Linear, MaxPool2d, MaxUnpool2d, ReLU,
+                     VectorConv2d, VectorFlatten, VectorLinear, VectorReLU)
+from . import zonotope
 
 __version__ = "0.1.0"
 
@@ -37,5 +43,12 @@ __all__ = [
     "vector_conv2d",
     "vector_conv2d_backward",
     "VectorConv2d",
+    "Linear",
+    "ReLU",
+    "Flatten",
+    "VectorLinear",
+    "VectorReLU",
+    "VectorFlatten",
+    "zonotope",
     "__version__",
 ]

@@ -487,10 +487,40 @@ def conv_layer_args(in_channels, out_channels, kernel_size, dtype):
     kh, kw = pair(kernel_size, "kernel_size")
     if kh < 1 or kw < 1:
         raise ValueError(f"kernel_size must be positive, got {(kh, kw)}")
-    dt = np.dtype(dtype)
+    return cin, cout, kh, kw, float_dtype_arg(dtype)
+
+
+def float_dtype_arg(dtype, name: str = "dtype") -> np.dtype:
+    """A dtype argument that must be float32 or float64."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from None
     if dt not in FLOAT_DTYPES:
-        raise TypeError(f"dtype must be float32 or float64, got {dt}")
-    return cin, cout, kh, kw, dt
+        raise TypeError(f"{name} must be float32 or float64, got {dt}")
+    return dt
+
+
+def dense_input(x, weight: np.ndarray, name: str = "x") -> np.ndarray:
+    """x of a dense layer: (D,) or (N, D), weight's dtype and D features."""
+    x, _ = array(x, name, (1, 2), floating_only=True)
+    if x.dtype != weight.dtype:
+        raise TypeError(f"{name} dtype {x.dtype} must match the weight's dtype {weight.dtype}")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"{name} has {x.shape[-1]} features but the layer takes {weight.shape[1]} "
+                         f"(x shape {x.shape})")
+    return x
+
+
+def same_shape_grad(grad_output, want: tuple, dtype, name: str = "grad_output") -> np.ndarray:
+    """A layer's grad_output: an array of the forward output's shape (and
+    of dtype, unless dtype is None)."""
+    g, _ = array(grad_output, name, (len(want),), floating_only=dtype is not None)
+    if dtype is not None and g.dtype != dtype:
+        raise TypeError(f"{name} dtype {g.dtype} must match the forward's dtype {dtype}")
+    if g.shape != want:
+        raise ValueError(f"{name} must have shape {want}, got {g.shape}")
+    return g
 
 
 def no_overlap(out: np.ndarray, x: np.ndarray, name: str = "out", xname: str = "x") -> None:

@@ -14,8 +14,10 @@ from .argmax import argmax2d
 from .pooling import backward_from_forward, max_pool2d, max_pool2d_backward, max_unpool2d, max_unpool2d_backward
 from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
+from . import zonotope
 
-__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d", "Conv2d", "VectorConv2d"]
+__all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d", "Conv2d", "VectorConv2d", "Linear",
+           "ReLU", "Flatten", "VectorLinear", "VectorReLU", "VectorFlatten"]
 
 
 class Layer:
@@ -200,6 +202,18 @@ class VectorConv2d(Layer):
             self._cache = x
         return out
 
+    def _forward_into(self, z, alloc):
+        """forward(z) into alloc(shape, dtype) (zonotope.Network's buffers)."""
+        z = np.asarray(z)
+        sh, sw, ph, pw, dh, dw = chk.step_params(self.stride, self.padding, self.dilation)
+        kh, kw = self.weight.shape[2:]
+        OH = (z.shape[-3] + 2 * ph - dh * (kh - 1) - 1) // sh + 1 if z.ndim in (4, 5) else 0
+        OW = (z.shape[-2] + 2 * pw - dw * (kw - 1) - 1) // sw + 1 if z.ndim in (4, 5) else 0
+        if OH < 1 or OW < 1 or z.dtype != self.weight.dtype:
+            return self.forward(z)  # which raises the checks' error
+        return self.forward(z, out=alloc(z.shape[:-4] + (self.weight.shape[0], OH, OW, z.shape[-1]),
+                                         z.dtype))
+
     def backward(self, grad_output):
         """Fill .grad_weight and .grad_bias; return the input gradient."""
         x = self._saved()
@@ -282,3 +296,184 @@ class Conv2d(Layer):
         O, C, kh, kw = self.weight.shape
         return (f"Conv2d({C}, {O}, kernel_size={(kh, kw)}, stride={self.stride}, "
                 f"padding={self.padding!r}, dilation={self.dilation}, bias={self.bias is not None})")
+
+
+def _dense_init(layer, in_features, out_features, bias, dtype, rng):
+    """.weight (out, in) and .bias (out,) drawn like torch.nn.Linear's:
+    uniform in +-1/sqrt(in_features)."""
+    fin = chk.as_int(in_features, "in_features")
+    fout = chk.as_int(out_features, "out_features")
+    if fin < 1 or fout < 1:
+        raise ValueError(f"in_features and out_features must be positive, got {(fin, fout)}")
+    dt = chk.float_dtype_arg(dtype)
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    bound = 1.0 / np.sqrt(fin)
+    layer.weight = gen.uniform(-bound, bound, size=(fout, fin)).astype(dt)
+    layer.bias = gen.uniform(-bound, bound, size=fout).astype(dt) if bias else None
+    layer.grad_weight = None
+    layer.grad_bias = None
+
+
+class Linear(Layer):
+    """Dense layer ``y = x @ weight.T + bias`` (``torch.nn.Linear``) on
+    ``(in_features,)`` or ``(N, in_features)`` arrays, in numpy's BLAS.
+
+    ``.weight`` ``(out_features, in_features)`` and ``.bias`` are
+    initialised like torch's; ``backward(g)`` fills ``.grad_weight`` and
+    ``.grad_bias`` and returns the input gradient.
+    """
+
+    def __init__(self, in_features, out_features, bias=True, dtype=np.float32, rng=None):
+        super().__init__()
+        _dense_init(self, in_features, out_features, bias, dtype, rng)
+
+    def forward(self, x):
+        """x @ weight.T + bias; in training mode keep x for backward."""
+        x = chk.dense_input(x, self.weight)
+        y = x @ self.weight.T
+        if self.bias is not None:
+            y += self.bias
+        if self.training:
+            self._cache = x
+        return y
+
+    def backward(self, grad_output):
+        """Fill .grad_weight and .grad_bias; return the input gradient."""
+        x = self._saved()
+        g = chk.same_shape_grad(grad_output, x.shape[:-1] + (self.weight.shape[0],), x.dtype)
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        self.grad_weight = g2.T @ x2
+        self.grad_bias = g2.sum(axis=0) if self.bias is not None else None
+        return g @ self.weight
+
+    def __repr__(self):
+        O, D = self.weight.shape
+        return f"Linear({D}, {O}, bias={self.bias is not None})"
+
+
+class ReLU(Layer):
+    """``max(x, 0)`` on any array; ``backward(g)`` passes g where x > 0."""
+
+    def forward(self, x):
+        """max(x, 0); in training mode keep where x > 0."""
+        y = np.maximum(x, 0)
+        if self.training:
+            self._cache = y > 0
+        return y
+
+    def backward(self, grad_output):
+        """grad_output where the input was > 0, else 0."""
+        mask = self._saved()
+        g = chk.same_shape_grad(grad_output, mask.shape, None)
+        return np.where(mask, g, np.zeros((), g.dtype))
+
+    def __repr__(self):
+        return "ReLU()"
+
+
+class Flatten(Layer):
+    """``(N, C, H, W)`` to ``(N, C*H*W)``, or ``(C, H, W)`` to ``(C*H*W,)``:
+    ``torch.nn.Flatten``'s order; ``backward`` reshapes back."""
+
+    def forward(self, x):
+        """x flattened (a view where x is contiguous); keeps x's shape for backward."""
+        x, _ = chk.array(x, "x", (3, 4))
+        if self.training:
+            self._cache = x.shape
+        return x.reshape(-1) if x.ndim == 3 else x.reshape(x.shape[0], -1)
+
+    def backward(self, grad_output):
+        """grad_output in the input's shape."""
+        shape = self._saved()
+        g = chk.same_shape_grad(grad_output, (int(np.prod(shape)),) if len(shape) == 3
+                                else (shape[0], int(np.prod(shape[1:]))), None)
+        return g.reshape(shape)
+
+    def __repr__(self):
+        return "Flatten()"
+
+
+class VectorLinear(Layer):
+    """Dense layer on zonotopes (see :func:`cypool.zonotope.linear`):
+    ``(D, E)`` or ``(N, D, E)`` to ``(O, E)`` or ``(N, O, E)``, the bias on
+    component 0 only. Parameters and initialisation as :class:`Linear`;
+    ``backward(g)`` fills ``.grad_weight`` and ``.grad_bias`` and returns
+    the input gradient.
+    """
+
+    def __init__(self, in_features, out_features, bias=True, dtype=np.float32, rng=None):
+        super().__init__()
+        _dense_init(self, in_features, out_features, bias, dtype, rng)
+
+    def forward(self, z, *, out=None):
+        """linear(z, weight, bias) (into ``out`` if given); in training mode
+        keep z for backward."""
+        res = zonotope.linear(z, self.weight, self.bias, out=out)
+        if self.training:
+            self._cache = np.asarray(z)
+        return res
+
+    def _forward_into(self, z, alloc):
+        """forward(z) into alloc(shape, dtype) (zonotope.Network's buffers)."""
+        z = np.asarray(z)
+        if z.ndim not in (2, 3) or z.dtype != self.weight.dtype:
+            return self.forward(z)  # which raises the checks' error
+        return self.forward(z, out=alloc(z.shape[:-2] + (self.weight.shape[0], z.shape[-1]), z.dtype))
+
+    def backward(self, grad_output):
+        """Fill .grad_weight and .grad_bias; return the input gradient."""
+        z = self._saved()
+        O, D = self.weight.shape
+        g = chk.same_shape_grad(grad_output, z.shape[:-2] + (O, z.shape[-1]), z.dtype)
+        # d/dW sum over every component (and image) of g . (W z): g z^T
+        g3, z3 = g.reshape(-1, O, g.shape[-1]), z.reshape(-1, D, z.shape[-1])
+        self.grad_weight = np.einsum("noe,nde->od", g3, z3, optimize=True)
+        self.grad_bias = g3[..., 0].sum(axis=0) if self.bias is not None else None
+        return np.matmul(self.weight.T, g)
+
+    def __repr__(self):
+        O, D = self.weight.shape
+        return f"VectorLinear({D}, {O}, bias={self.bias is not None})"
+
+
+class VectorReLU(Layer):
+    """The DeepZ ReLU on zonotopes (see :func:`cypool.zonotope.relu`): the
+    output has one more generator per unstable neuron. A certification
+    layer: it has no backward (training through the relaxation is not
+    supported), and keeps nothing."""
+
+    def __init__(self, *, num_threads=None):
+        super().__init__()
+        chk.num_threads_arg(num_threads)
+        self.num_threads = num_threads
+
+    def forward(self, z):
+        """relu(z)."""
+        return zonotope.relu(z, num_threads=self.num_threads)
+
+    def _forward_into(self, z, alloc):
+        """forward(z) into alloc(shape, dtype) (zonotope.Network's buffers)."""
+        return zonotope._relu(zonotope._zonotope(z), chk.num_threads_arg(self.num_threads), alloc)
+
+    def __repr__(self):
+        return "VectorReLU()"
+
+
+class VectorFlatten(Layer):
+    """``(C, H, W, E)`` to ``(C*H*W, E)`` (batched ``(N, C, H, W, E)`` to
+    ``(N, C*H*W, E)``): the zonotope side of :class:`Flatten`."""
+
+    def forward(self, z):
+        """flatten(z); keeps z's shape for backward."""
+        out = zonotope.flatten(z)
+        if self.training:
+            self._cache = np.shape(z)
+        return out
+
+    def backward(self, grad_output):
+        """grad_output in the input's shape."""
+        shape = self._saved()
+        return np.asarray(grad_output).reshape(shape)
+
+    def __repr__(self):
+        return "VectorFlatten()"

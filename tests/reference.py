@@ -189,3 +189,98 @@ def conv2d_backward(g, x, w, stride, padding, dilation):
                     gxp[:, :, r, c] += g[:, :, oh, ow] @ w[:, :, i, j]
                     gw[:, :, i, j] += g[:, :, oh, ow].T @ xp[:, :, r, c]
     return gxp[:, :, pt:pt + H, pl:pl + W], gw, g.sum(axis=(0, 2, 3))
+
+
+# DeepZ on zonotopes, neuron by neuron in float64 (cypool.zonotope's oracle).
+# A zonotope is (..., E): component 0 the centre, then the generators.
+
+def zono_from_box(x, eps, clip):
+    x = np.asarray(x, dtype=np.float64)
+    eps = np.broadcast_to(np.asarray(eps, dtype=np.float64), x.shape)
+    lo, hi = clip if clip is not None else (-np.inf, np.inf)
+    cols = []
+    centre = np.empty(x.size)
+    for i, (xi, ei) in enumerate(zip(x.ravel(), eps.ravel())):
+        a, b = max(xi - ei, lo), min(xi + ei, hi)
+        centre[i] = (a + b) / 2
+        if b > a:
+            g = np.zeros(x.size)
+            g[i] = (b - a) / 2
+            cols.append(g)
+    return np.column_stack([centre] + cols).reshape(x.shape + (1 + len(cols),))
+
+
+def zono_bounds(z):
+    z2 = np.asarray(z, dtype=np.float64).reshape(-1, z.shape[-1])
+    lo, up = np.empty(len(z2)), np.empty(len(z2))
+    for i, row in enumerate(z2):
+        r = 0.0
+        for g in row[1:]:
+            r += abs(g)
+        lo[i], up[i] = row[0] - r, row[0] + r
+    return lo.reshape(z.shape[:-1]), up.reshape(z.shape[:-1])
+
+
+def zono_relu(z):
+    z2 = np.asarray(z, dtype=np.float64).reshape(-1, z.shape[-1])
+    lo, up = zono_bounds(z2)
+    rows, new = [], []
+    for i, row in enumerate(z2):
+        if up[i] <= 0:
+            rows.append(np.zeros_like(row))
+        elif lo[i] >= 0:
+            rows.append(row.copy())
+        else:
+            lam = up[i] / (up[i] - lo[i])
+            mu = -lam * lo[i] / 2
+            r = lam * row
+            r[0] += mu
+            rows.append(r)
+            g = np.zeros(len(z2))
+            g[i] = mu
+            new.append(g)
+    out = np.column_stack([np.array(rows)] + new) if new else np.array(rows)
+    return out.reshape(z.shape[:-1] + (out.shape[1],))
+
+
+def zono_linear(z, w, b):
+    z = np.asarray(z, dtype=np.float64)
+    O, D = w.shape
+    out = np.zeros((O, z.shape[-1]))
+    for o in range(O):
+        for d in range(D):
+            out[o] += w[o, d] * z[d]
+        if b is not None:
+            out[o, 0] += b[o]
+    return out
+
+
+def zono_margins(z, label):
+    z = np.asarray(z, dtype=np.float64)
+    m = np.full(len(z), np.inf)
+    for j in range(len(z)):
+        if j != label:
+            d = z[label] - z[j]
+            m[j] = d[0] - np.abs(d[1:]).sum()
+    return m
+
+
+def deepz_certify(x, eps, layers, label, clip=(0.0, 1.0)):
+    """(certified, margins) of the box x +- eps through layers: a list of
+    ("conv", w, b, stride, padding), ("relu",), ("flatten",), ("linear", w, b)."""
+    z = zono_from_box(x, eps, clip)
+    for layer in layers:
+        kind = layer[0]
+        if kind == "conv":
+            _, w, b, s, p = layer
+            z = vector_conv2d(z[None], w.astype(np.float64),
+                              None if b is None else b.astype(np.float64), (s, s), (p, p), (1, 1))[0]
+        elif kind == "relu":
+            z = zono_relu(z)
+        elif kind == "flatten":
+            z = z.reshape(-1, z.shape[-1])
+        else:
+            _, w, b = layer
+            z = zono_linear(z, w.astype(np.float64), None if b is None else b.astype(np.float64))
+    m = zono_margins(z, label)
+    return bool((m > 0).all()), m
