@@ -1,5 +1,5 @@
 """cypool's benchmark suite: every bench, on generated data (and
-scikit-learn's bundled digits for the CNN), against the peers that are
+scikit-learn's bundled digits for the CNN and the certified networks), against the peers that are
 installed (PyTorch, numpy recipes, Numba), and the cost of running on Dask.
 
 Run: python bench/run_all.py [--threads N] [--repeats R] [--quick]
@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 BENCHES = ["bench_cnn.py", "bench_conv.py", "bench_maxpool.py", "bench_argmax.py", "bench_vector_conv.py",
-           "bench_dask.py"]
+           "bench_verify.py", "bench_dask.py"]
 
 
 def main(argv=None):
