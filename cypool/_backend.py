@@ -196,6 +196,15 @@ def threads_for(requested: int, work: int, items: int) -> int:
     return max(1, min(n, items))
 
 
+def work(macs: int, touched: int) -> int:
+    """A call's size for threads_for, counting multiply-adds as well as the
+    elements touched. A multiply-add costs far less than a memory access
+    (16 of them go in one vector instruction): 32 count as one element of
+    work, so that a batch-1 call of a small network stays on the calling
+    thread (docs/performance.md, Threads)."""
+    return macs // 32 + touched
+
+
 _C_NAMES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t"}
 _specialised: dict = {}
 

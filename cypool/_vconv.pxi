@@ -147,10 +147,11 @@ def channel_block():
 cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::1] wt,
                          const floating* bptr, floating[:, :, :, :, ::1] out, const ConvGeom* g,
                          const floating* zero, Py_ssize_t e_chunk,
-                         Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+                         Py_ssize_t q0, Py_ssize_t q1, Py_ssize_t e_begin,
+                         Py_ssize_t e_end) noexcept nogil:
     """Output pixels [q0, q1) (pixel q is (n, oh, ow) in row-major order),
-    E in chunks of e_chunk, with buffers of this thread's own; 1 when out
-    of memory."""
+    components [e_begin, e_end) in chunks of e_chunk, with buffers of this
+    thread's own; 1 when out of memory."""
     cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, e_lo
     cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(Op * sizeof(void*))
@@ -158,8 +159,8 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
     cdef floating* pack = _pack_rows(pp, K)
     cdef int failed = xs == NULL or outs == NULL or pp == NULL
     if not failed:
-        e_lo = 0
-        while e_lo < g.E:
+        e_lo = e_begin
+        while e_lo < e_end:
             for q in range(q0, q1):
                 n = q // (g.OH * g.OW)
                 oh = (q // g.OW) % g.OH
@@ -167,7 +168,7 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
                 _all_taps(&x[n, 0, 0, 0, 0], g, oh, ow, zero, xs)
                 for o in range(g.O):
                     outs[o] = &out[n, o, oh, ow, 0]
-                _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, min(e_lo + e_chunk, g.E), g.O, outs, bptr,
+                _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, min(e_lo + e_chunk, e_end), g.O, outs, bptr,
                           pack, pp)
             e_lo = e_lo + e_chunk
     free(xs)
@@ -185,9 +186,11 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
                           Py_ssize_t e_chunk, int num_threads):
     """E is swept in chunks of e_chunk, each over all of a thread's pixels,
     so that the tap vectors neighbouring pixels share are still in L2 when
-    reused."""
+    reused. Threads share the pixels, or, where there are fewer pixels
+    than threads (a dense layer, as a 1 x 1 convolution of a single
+    pixel), the components, in multiples of 48 (every variant's E block)."""
     cdef ConvGeom g
-    cdef Py_ssize_t P
+    cdef Py_ssize_t P, e_units
     cdef floating* zero
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef int tid
@@ -200,16 +203,25 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     zero = <floating*>calloc(g.E, sizeof(floating))  # shared, read-only
     if zero == NULL:
         raise MemoryError("cypool.vector_conv2d: out of memory")
+    e_units = (g.E + 47) // 48
     if num_threads == 1:
         _set_serial_team()
         with nogil:
-            failed[0] = _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, 0, P)
+            failed[0] = _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, 0, P, 0, g.E)
+    elif P < num_threads:
+        with nogil, parallel(num_threads=num_threads):
+            _note_team()
+            tid = threadid()
+            if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, 0, P,
+                               min(g.E, 48 * _share_start(e_units, tid)),
+                               min(g.E, 48 * _share_start(e_units, tid + 1))):
+                fail[0] = 1
     else:
         with nogil, parallel(num_threads=num_threads):
             _note_team()
             tid = threadid()
             if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk,
-                               _share_start(P, tid), _share_start(P, tid + 1)):
+                               _share_start(P, tid), _share_start(P, tid + 1), 0, g.E):
                 fail[0] = 1
     free(zero)
     if failed[0]:

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _checks as chk
-from ._backend import SERIAL_BELOW, kernel, threads_for
+from ._backend import SERIAL_BELOW, kernel, threads_for, work
 
 __all__ = ["conv2d", "conv2d_backward"]
 
@@ -117,14 +117,6 @@ def _arrays(x, weight, xname="x"):
     return (x if batched else x[None]), weight, batched
 
 
-def _work(macs: int, touched: int) -> int:
-    """A call's size for the thread policy. A multiply-add costs far less
-    than a memory access (16 of them go in one vector instruction): 32
-    count as one element of work, so that a batch-1 call of a small network
-    stays on the calling thread (docs/performance.md, Threads)."""
-    return macs // 32 + touched
-
-
 def _chunk(L: int, N: int, threads: int) -> int:
     """Chunk length of an image's L virtual outputs: at most _CHUNK_MAX, and
     enough chunks that every thread gets work."""
@@ -134,7 +126,7 @@ def _chunk(L: int, N: int, threads: int) -> int:
 
 
 def _pass(args: tuple, L: int, macs: int, touched: int, N: int) -> _Pass:
-    serial = _work(macs, touched) < SERIAL_BELOW  # threads_for gives such a call one thread
+    serial = work(macs, touched) < SERIAL_BELOW  # threads_for gives such a call one thread
     return _Pass(args, L, macs, touched, _chunk(L, N, 1) if serial else 0)
 
 
@@ -142,7 +134,7 @@ def _threads_and_chunk(p: _Pass, nt: int, N: int) -> tuple[int, int]:
     """Threads for a pass, and its chunk length."""
     if p.serial_chunk:
         return 1, p.serial_chunk
-    threads = threads_for(nt, _work(p.macs, p.touched), N * (p.L // _CHUNK_STEP + 1))
+    threads = threads_for(nt, work(p.macs, p.touched), N * (p.L // _CHUNK_STEP + 1))
     return threads, _chunk(p.L, N, threads)
 
 
@@ -203,7 +195,7 @@ def input_grad_into(gx, g4, weight, plan: _Plan, nt: int) -> None:
         # Strided: columns added into place, rather than a transposed
         # convolution over an output gradient with zeros between its
         # elements (3 of every 4 multiply-adds wasted at stride 2).
-        threads = threads_for(nt, _work(p.macs, p.touched), N)
+        threads = threads_for(nt, work(p.macs, p.touched), N)
         res = gx if gx.flags.c_contiguous else np.empty(gx.shape, dt)
         kernel("conv2d_input_grad_col2im", dt)(chk.contiguous(g4, dt), weight, res, *plan.col2im,
                                                 _CHUNK_MAX, threads)

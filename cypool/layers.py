@@ -396,19 +396,22 @@ class Flatten(Layer):
 class VectorLinear(Layer):
     """Dense layer on zonotopes (see :func:`cypool.zonotope.linear`):
     ``(D, E)`` or ``(N, D, E)`` to ``(O, E)`` or ``(N, O, E)``, the bias on
-    component 0 only. Parameters and initialisation as :class:`Linear`;
-    ``backward(g)`` fills ``.grad_weight`` and ``.grad_bias`` and returns
+    component 0 only, in cypool's threads (``num_threads``). Parameters
+    and initialisation as :class:`Linear`; ``backward(g)`` fills ``.grad_weight`` and ``.grad_bias`` and returns
     the input gradient.
     """
 
-    def __init__(self, in_features, out_features, bias=True, dtype=np.float32, rng=None):
+    def __init__(self, in_features, out_features, bias=True, dtype=np.float32, rng=None, *,
+                 num_threads=None):
         super().__init__()
         _dense_init(self, in_features, out_features, bias, dtype, rng)
+        chk.num_threads_arg(num_threads)
+        self.num_threads = num_threads
 
     def forward(self, z, *, out=None):
         """linear(z, weight, bias) (into ``out`` if given); in training mode
         keep z for backward."""
-        res = zonotope.linear(z, self.weight, self.bias, out=out)
+        res = zonotope.linear(z, self.weight, self.bias, out=out, num_threads=self.num_threads)
         if self.training:
             self._cache = np.asarray(z)
         return res

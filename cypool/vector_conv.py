@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _checks as chk
 from . import conv
-from ._backend import kernel, padded_columns, threads_for
+from ._backend import kernel, padded_columns, threads_for, work
 
 __all__ = ["vector_conv2d", "vector_conv2d_backward"]
 
@@ -183,10 +183,13 @@ def _tiles_forward(x5, weight, b, out, geom, nt):
     dt = x5.dtype
     xc = chk.contiguous(x5, dt)
     wt = padded_columns(weight.reshape(O, C * kh * kw).T)  # (K, O padded): one row per tap
-    # Multiply-adds count too (conv._work): a strided call over 16 to 32
+    # Multiply-adds count too (_backend.work): a strided call over 16 to 32
     # components can touch few elements and still be worth a team.
     macs = out.size * C * kh * kw
-    threads = threads_for(nt, conv._work(macs, xc.size + out.size), N * out.shape[2] * out.shape[3])
+    # The kernel splits the pixels among threads, or E where there are
+    # fewer pixels than threads (a dense layer as a 1 x 1 convolution).
+    items = max(N * out.shape[2] * out.shape[3], -(-E // 48))
+    threads = threads_for(nt, work(macs, xc.size + out.size), items)
     ec = _e_chunk(E, kh, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors
     b = padded_columns(b[None, :])[0] if b.size else b
     kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *geom, ec, threads)
@@ -251,17 +254,17 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
         return _small_e_backward(g5, x5, weight, plan, batched,
                                  needs_input_grad, needs_weight_grad, nt)
     grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
-    work = g5.size + x5.size
+    touched = g5.size + x5.size
     if needs_input_grad:
         w2 = padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
         gx = np.empty((N, C, H, W, E), dtype=dt)
-        threads = threads_for(nt, work, N * H * W)
+        threads = threads_for(nt, touched, N * H * W)
         ec = _e_chunk(E, -(-kh // sh), O * OW, dt.itemsize)  # input rows reach ceil(kh/sh) output rows
         kernel("vector_conv2d_input_grad", dt)(g5, w2, gx, sh, sw, ph, pw, dh, dw, kh, kw, ec, threads)
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
         x5c = chk.contiguous(x5, dt)
-        threads = threads_for(nt, work, N * OH * OW)
+        threads = threads_for(nt, touched, N * OH * OW)
         partial = np.zeros((threads, O, C * kh * kw), dtype=dt)
         kernel("vector_conv2d_weight_grad", dt)(g5, x5c, partial, *geom)
         grad_w = partial[0]

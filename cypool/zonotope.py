@@ -30,7 +30,7 @@ import threading
 import numpy as np
 
 from . import _checks as chk
-from ._backend import kernel, threads_for
+from ._backend import kernel, padded_columns, threads_for, work
 from .vector_conv import vector_conv2d as conv2d
 
 __all__ = ["from_box", "bounds", "relu", "linear", "flatten", "conv2d", "certify", "Network"]
@@ -95,6 +95,18 @@ def from_box(x, eps, clip=(0.0, 1.0), *, dtype=np.float64) -> np.ndarray:
 
 def _from_box(x, eps, clip, dt: np.dtype, alloc) -> np.ndarray:
     """from_box, its output from alloc(shape, dtype)."""
+    shape, centre, half, free = _box(x, eps, clip)
+    z = alloc((centre.size, 1 + free.size), dt)
+    z.fill(0)
+    z[:, 0] = centre
+    z[free, 1 + np.arange(free.size)] = half[free]
+    return z.reshape(shape + (1 + free.size,))
+
+
+def _box(x, eps, clip):
+    """The checked box: (x's shape, its flat midpoint and half-widths,
+    float64, and the flat indices of the elements whose box is not a
+    point)."""
     xa = _real_array(x, "x")
     if xa.ndim == 0 or xa.size == 0:
         raise ValueError(f"x must have at least one element and one dimension, got shape {xa.shape}")
@@ -111,12 +123,47 @@ def _from_box(x, eps, clip, dt: np.dtype, alloc) -> np.ndarray:
     if (blo > bhi).any():
         raise ValueError(f"x lies farther than eps outside clip={clip!r}: the box is empty")
     half = ((bhi - blo) / 2).ravel()
-    free = np.flatnonzero(half > 0)
-    z = alloc((xa.size, 1 + free.size), dt)
-    z.fill(0)
-    z[:, 0] = ((blo + bhi) / 2).ravel()
-    z[free, 1 + np.arange(free.size)] = half[free]
-    return z.reshape(xa.shape + (1 + free.size,))
+    return xa.shape, ((blo + bhi) / 2).ravel(), half, np.flatnonzero(half > 0)
+
+
+def _box_conv(x, eps, clip, conv, alloc):
+    """conv.forward(from_box(x, eps, clip)) without making the box's
+    zonotope: the centre convolved as a one-component image, and each
+    generator (one pixel's half-width, zero elsewhere) scattered as the
+    weights that meet its pixel. Each generator column of the output is
+    one product, as in the dense convolution (whose other terms are
+    zeros); only the centre's sum may round differently. None where x is
+    not an image for this convolution (the dense path then checks it)."""
+    shape, centre, half, free = _box(x, eps, clip)
+    w = conv.weight
+    O, C, kh, kw = w.shape
+    if len(shape) != 3 or shape[0] != C:
+        return None
+    dt = w.dtype
+    c_out = conv2d(centre.reshape(shape + (1,)).astype(dt), w, conv.bias, conv.stride, conv.padding,
+                   conv.dilation, num_threads=conv.num_threads)
+    _, OH, OW, _ = c_out.shape
+    out = alloc((O, OH, OW, 1 + free.size), dt)
+    out.fill(0)
+    out[..., 0] = c_out[..., 0]
+    _, H, W = shape
+    sh, sw, ph, pw, dh, dw = chk.step_params(conv.stride, conv.padding, conv.dilation)
+    gen = np.full(centre.size, -1, np.intp)
+    gen[free] = np.arange(free.size)
+    scale = half[free].astype(dt)
+    for i in range(kh):
+        rows = np.arange(OH) * sh - ph + i * dh
+        oh = np.flatnonzero((rows >= 0) & (rows < H))
+        for j in range(kw):
+            cols = np.arange(OW) * sw - pw + j * dw
+            ow = np.flatnonzero((cols >= 0) & (cols < W))
+            # pixel (c, rows[oh], cols[ow]) meets tap (c, i, j) at output (oh, ow)
+            pix = (np.arange(C)[:, None, None] * H + rows[oh][:, None]) * W + cols[ow]
+            g = gen[pix]
+            c_idx, a, b = np.nonzero(g >= 0)
+            gg = g[c_idx, a, b]
+            out[:, oh[a], ow[b], 1 + gg] = w[:, c_idx, i, j] * scale[gg]
+    return out
 
 
 def _rows(z: np.ndarray) -> np.ndarray:
@@ -197,7 +244,7 @@ def flatten(z) -> np.ndarray:
     return z.reshape(-1, z.shape[-1]) if z.ndim == 4 else z.reshape(z.shape[0], -1, z.shape[-1])
 
 
-def linear(z, weight, bias=None, *, out=None) -> np.ndarray:
+def linear(z, weight, bias=None, *, out=None, num_threads=None) -> np.ndarray:
     """A dense layer on a zonotope: ``torch.nn.functional.linear`` on each
     component, the bias on component 0 only.
 
@@ -209,11 +256,19 @@ def linear(z, weight, bias=None, *, out=None) -> np.ndarray:
     out : ndarray, optional, keyword-only
         C-contiguous array of the output's shape and dtype to write into
         (numpy's meaning), not overlapping z.
+    num_threads : int or None, keyword-only
+        None follows OpenMP's default.
 
     Returns
     -------
     out : C-contiguous ndarray, shape (O, E) or (N, O, E)
-        One matrix product (numpy's BLAS) over all components.
+
+    One matrix product over all components, in cypool's own threads (the
+    vector convolution's register tiles, as a 1 x 1 convolution of one
+    pixel whose E components the threads share), not numpy's BLAS: a
+    BLAS thread pool keeps spinning for about 0.1 s after each product
+    and starves the next kernel's threads on a small machine
+    (docs/performance.md).
     """
     z = _zonotope(z, ndims=(2, 3))
     weight, _ = chk.array(weight, "weight", (2,), floating_only=True)
@@ -224,14 +279,44 @@ def linear(z, weight, bias=None, *, out=None) -> np.ndarray:
         raise ValueError(f"weight has {weight.shape[1]} input features but z has {D} neurons "
                          f"(z shape {z.shape}; flatten a (C, H, W, E) zonotope first)")
     b = chk.bias_arg(bias, weight.shape[0], z.dtype)
-    if out is not None:
-        out = chk.out_arg(out, z.shape[:-2] + (weight.shape[0], z.shape[-1]), z.dtype)
+    nt = chk.num_threads_arg(num_threads)
+    shape = z.shape[:-2] + (weight.shape[0], z.shape[-1])
+    if out is None:
+        out = np.empty(shape, z.dtype)
+    else:
+        out = chk.out_arg(out, shape, z.dtype)
         chk.no_overlap(out, z, xname="z")
         chk.no_overlap(out, weight, xname="weight")
-    out = np.matmul(weight, z, out=out)
-    if bias is not None:
-        out[..., 0] += b
+        chk.no_overlap(out, b, xname="bias")
+    _dense_into(chk.contiguous(z, z.dtype), weight, b, out, nt)
     return out
+
+
+# Bytes of a weight block (a chunk of output channels) kept in cache while
+# the threads sweep E: beyond it, every E block would stream the whole
+# weight matrix from memory (a 1000 x 1568 float64 layer ran 2.9x slower
+# than in one block of 128 channels).
+_DENSE_BLOCK_BYTES = 1 << 20
+
+
+def _dense_into(z: np.ndarray, weight: np.ndarray, b: np.ndarray, out: np.ndarray, nt: int) -> None:
+    """out (..., O, E) = weight (O, D) @ z (..., D, E), C-contiguous, and b
+    (or nothing, where empty) on component 0."""
+    O, D = weight.shape
+    E, dt = z.shape[-1], z.dtype
+    oc = max(4, _DENSE_BLOCK_BYTES // (D * dt.itemsize) // 4 * 4)
+    fn = kernel("vector_conv2d_forward", dt)
+    z3, out3 = z.reshape(-1, D, E), out.reshape(-1, O, E)
+    threads = threads_for(nt, work(O * D * E, (O + D) * E), -(-E // 48))
+    for o0 in range(0, O, oc):
+        o1 = min(O, o0 + oc)
+        wt = padded_columns(weight[o0:o1].T)  # (D, channels padded): one row per input neuron
+        bb = padded_columns(b[None, o0:o1])[0] if b.size else b
+        for n in range(z3.shape[0]):
+            fn(z3[n].reshape(1, D, 1, 1, E), wt, bb, out3[n, o0:o1].reshape(1, o1 - o0, 1, 1, E),
+               1, 1, 1, 1, 0, 0, 1, 1, E, threads)
+
+
 
 
 def _label_arg(label, K: int, batch):
@@ -325,7 +410,7 @@ class Network:
         dtype : float64 (default) or float32
             The weights are copied in this dtype.
         num_threads : int or None
-            For the convolutions and ReLUs.
+            For every layer.
         """
         from . import layers as L  # layers.py imports this module's functions
 
@@ -362,10 +447,10 @@ class Network:
             ws = self._local.ws = _Workspace()
         return ws
 
-    def _run(self, z, ws: "_Workspace") -> np.ndarray:
+    def _run(self, z, ws: "_Workspace", layers=None) -> np.ndarray:
         """The layers in turn, each writing into the workspace where it can:
         the result is a view of the workspace."""
-        for layer in self.layers:
+        for layer in self.layers if layers is None else layers:
             into = getattr(layer, "_forward_into", None)
             z = layer.forward(z) if into is None else into(z, ws.taker(z))
         return z
@@ -379,9 +464,18 @@ class Network:
         is classified as label: :func:`certify` of the output of
         :func:`from_box`, in the network's dtype (see :func:`certify` for
         the result and the margins)."""
+        from .layers import VectorConv2d  # layers.py imports this module's functions
+
         ws = self._workspace()
-        z = _from_box(x, eps, clip, self._dtype(), ws.taker(None))
-        return certify(self._run(z, ws), label, return_margins=return_margins)
+        layers = self.layers
+        z = None
+        if layers and isinstance(layers[0], VectorConv2d):  # a first convolution skips the box
+            z = _box_conv(x, eps, clip, layers[0], ws.taker(None))
+        if z is None:
+            z = _from_box(x, eps, clip, self._dtype(), ws.taker(None))
+        else:
+            layers = layers[1:]
+        return certify(self._run(z, ws, layers), label, return_margins=return_margins)
 
     def _dtype(self) -> np.dtype:
         for layer in self.layers:
@@ -469,11 +563,11 @@ def _conv_layer(L, weight, bias, stride, padding, dilation, dt, nt, where):
     return layer
 
 
-def _dense_layer(L, weight, bias, dt, where):
+def _dense_layer(L, weight, bias, dt, nt, where):
     w = _array_of(weight, dt, f"{where}.weight")
     if w.ndim != 2:
         raise ValueError(f"{where}: a dense weight must be 2-D, got shape {w.shape}")
-    layer = L.VectorLinear(w.shape[1], w.shape[0], bias is not None, dt)
+    layer = L.VectorLinear(w.shape[1], w.shape[0], bias is not None, dt, num_threads=nt)
     layer.weight = w
     layer.bias = _array_of(bias, dt, f"{where}.bias")
     if layer.bias is not None and layer.bias.shape != (w.shape[0],):
@@ -500,12 +594,12 @@ def _convert(L, spec, dt, nt, where):
                                spec.get("padding", 0), spec.get("dilation", 1), dt, nt, where)
         if set(spec) - {"weight", "bias"}:
             raise ValueError(f"{where}: stride, padding and dilation are for 4-D (convolution) weights")
-        return _dense_layer(L, spec["weight"], spec.get("bias"), dt, where)
+        return _dense_layer(L, spec["weight"], spec.get("bias"), dt, nt, where)
     if isinstance(spec, (L.Conv2d, L.VectorConv2d)):
         return _conv_layer(L, spec.weight, spec.bias, spec.stride, spec.padding, spec.dilation, dt,
                            nt, where)
     if isinstance(spec, (L.Linear, L.VectorLinear)):
-        return _dense_layer(L, spec.weight, spec.bias, dt, where)
+        return _dense_layer(L, spec.weight, spec.bias, dt, nt, where)
     if isinstance(spec, (L.ReLU, L.VectorReLU)):
         return L.VectorReLU(num_threads=nt)
     if isinstance(spec, (L.Flatten, L.VectorFlatten)):
@@ -523,7 +617,7 @@ def _convert_torch(L, m, dt, nt, where):
             raise ValueError(f"{where}: only groups=1 and zero padding are supported, got {m!r}")
         return _conv_layer(L, m.weight, m.bias, m.stride, m.padding, m.dilation, dt, nt, where)
     if isinstance(m, nn.Linear):
-        return _dense_layer(L, m.weight, m.bias, dt, where)
+        return _dense_layer(L, m.weight, m.bias, dt, nt, where)
     if isinstance(m, nn.ReLU):
         return L.VectorReLU(num_threads=nt)
     if isinstance(m, nn.Flatten):

@@ -449,3 +449,51 @@ def test_layer_bad_input():
         cypool.ReLU().backward(np.ones(3))
     with pytest.raises(ValueError, match="x must have 3 or 4"):
         cypool.Flatten().forward(np.ones((2, 2)))
+
+
+# --- the fast paths ----------------------------------------------------------
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_linear_in_weight_blocks_and_threads(rng, dt, monkeypatch):
+    """The dense product runs as blocks of output channels (forced small
+    here) whose E the threads share: any split gives the reference."""
+    z = random_zonotope(rng, (2, 37), 101, dt)  # E not a multiple of 48
+    w = rng.standard_normal((23, 37)).astype(dt)
+    b = rng.standard_normal(23).astype(dt)
+    want = np.stack([ref.zono_linear(z[n], w, b) for n in range(2)])
+    whole = Z.linear(z, w, b, num_threads=2)
+    np.testing.assert_allclose(whole, want, **tol(dt))
+    monkeypatch.setattr(Z, "_DENSE_BLOCK_BYTES", 37 * 8 * dt().itemsize)  # blocks of 8 channels
+    np.testing.assert_array_equal(Z.linear(z, w, b, num_threads=2), whole)
+    np.testing.assert_array_equal(Z.linear(z, w, b, num_threads=1), whole)
+    np.testing.assert_array_equal(Z.linear(z[:, ::-1][:, ::-1], w, b), whole)  # a view
+
+
+def test_vector_conv_of_one_pixel_splits_e(rng):
+    """Fewer output pixels than threads: the threads share E (the bias on
+    component 0 only, in whichever share holds it)."""
+    x = rng.standard_normal((1, 5, 2, 2, 200))
+    w = rng.standard_normal((6, 5, 2, 2))
+    b = rng.standard_normal(6)
+    want = ref.vector_conv2d(x, w, b, (1, 1), (0, 0), (1, 1))
+    for nt in (1, 2):
+        got = cypool.vector_conv2d(x, w, b, num_threads=nt)
+        assert got.shape == (1, 6, 1, 1, 200)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("stride, padding, dilation", [(1, 0, 1), (2, 1, 1), (1, 2, 2), ((2, 1), (0, 1), (1, 2))])
+def test_first_convolution_without_the_box(rng, stride, padding, dilation):
+    """Network.certify convolves the box directly (centre, and each pixel's
+    generator scattered as the weights it meets): the dense convolution's
+    numbers, points (eps 0 pixels) and clipped pixels included."""
+    conv = cypool.VectorConv2d(3, 4, 3, stride, padding, dilation, dtype=np.float64, rng=1)
+    x = rng.random((3, 9, 8))
+    eps = rng.choice([0.0, 0.05], size=x.shape)
+    x[0, 0, :2] = [0.0, 1.0]
+    ws = Z._Workspace()
+    got = Z._box_conv(x, eps, (0.0, 1.0), conv, ws.taker(None))
+    want = conv.forward(Z.from_box(x, eps))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(got[..., 1:], want[..., 1:])  # each generator is one product
+    assert Z._box_conv(x.reshape(-1), eps.reshape(-1), (0.0, 1.0), conv, ws.taker(None)) is None
