@@ -145,7 +145,7 @@ def channel_block():
 
 
 cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::1] wt,
-                         const floating* bptr, floating[:, :, :, :, ::1] out, const ConvGeom* g,
+                         const floating* bptr, floating[:, :, :, :, :] out, const ConvGeom* g,
                          const floating* zero, Py_ssize_t e_chunk,
                          Py_ssize_t q0, Py_ssize_t q1, Py_ssize_t e_begin,
                          Py_ssize_t e_end) noexcept nogil:
@@ -180,7 +180,7 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
 def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, W, E)
                           const floating[:, ::1] wt,            # IN  (K, Op): weight rows per tap (c, i, j), O padded to Op
                           const floating[::1] bias,             # IN  (Op,), or empty for none
-                          floating[:, :, :, :, ::1] out,        # OUT (N, O, OH, OW, E)
+                          floating[:, :, :, :, :] out,          # OUT (N, O, OH, OW, E), E contiguous (a view may have E + k)
                           Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                           Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw,
                           Py_ssize_t e_chunk, int num_threads):
@@ -191,6 +191,8 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     pixel), the components, in multiples of 48 (every variant's E block)."""
     cdef ConvGeom g
     cdef Py_ssize_t P, e_units
+    if out.strides[4] != sizeof(floating):
+        raise ValueError("vector_conv2d_forward: out's last axis must be contiguous")
     cdef floating* zero
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef int tid

@@ -69,7 +69,8 @@ cdef void _relu_rows(const floating* z, Py_ssize_t E, const floating* lower,
                      Py_ssize_t start, Py_ssize_t end) noexcept nogil:
     """Rows [start, end) of the DeepZ ReLU into out (n, F), F = E + the
     number of unstable neurons; slot[i] is neuron i's new generator (for
-    the unstable ones)."""
+    the unstable ones). F = E writes the old components alone (the caller
+    keeps the new generators apart)."""
     cdef Py_ssize_t i, j
     cdef floating l, u, lam, mu
     cdef const floating* zi
@@ -90,15 +91,16 @@ cdef void _relu_rows(const floating* z, Py_ssize_t E, const floating* lower,
             for j in range(E):
                 oi[j] = lam * zi[j]
             oi[0] += mu
-            memset(oi + E, 0, (F - E) * sizeof(floating))
-            oi[E + slot[i]] = mu
+            if F > E:
+                memset(oi + E, 0, (F - E) * sizeof(floating))
+                oi[E + slot[i]] = mu
 
 
 def zono_relu(const floating[:, ::1] z,      # IN  (n, E)
               const floating[::1] lower,     # IN  (n,) zono_bounds of z, all finite
               const floating[::1] upper,     # IN  (n,)
               const int64_t[::1] slot,       # IN  (n,) for unstable neurons, 0 <= slot < F - E
-              floating[:, ::1] out,          # OUT (n, F), F >= E
+              floating[:, ::1] out,          # OUT (n, F): F = E + all the new generators, or E
               int num_threads):
     """The DeepZ ReLU of every neuron (zonotope.relu checked the arguments)."""
     cdef Py_ssize_t n = z.shape[0], E = z.shape[1], F = out.shape[1]

@@ -169,15 +169,15 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=
         if bias is not None and E > 1:
             res[..., 0] += b[:, None, None]
     else:
-        _tiles_forward(x5, weight, b, res, geom, nt)
+        tiles_forward(x5, weight, b, res, geom, nt)
     if out is not None:
         return out
     return res if batched else res[0]
 
 
-def _tiles_forward(x5, weight, b, out, geom, nt):
-    """out (N, O, OH, OW, E), C-contiguous = the convolution of x5 by the
-    E-vectorised tiles."""
+def tiles_forward(x5, weight, b, out, geom, nt):
+    """out (N, O, OH, OW, E), its last axis contiguous (the rest may be a
+    view's) = the convolution of x5 by the E-vectorised tiles."""
     N, C, H, W, E = x5.shape
     O, _, kh, kw = weight.shape
     dt = x5.dtype

@@ -220,8 +220,10 @@ def relu(z, *, num_threads=None) -> np.ndarray:
     return _relu(z, chk.num_threads_arg(num_threads), np.empty)
 
 
-def _relu(z: np.ndarray, nt: int, alloc) -> np.ndarray:
-    """relu of a checked z, its output from alloc(shape, dtype)."""
+def _relu(z: np.ndarray, nt: int, alloc, apart: bool = False):
+    """relu of a checked z, its output from alloc(shape, dtype). apart:
+    return (the old components, the unstable neurons' flat indices, their
+    new generators' values) instead, the new generators not written."""
     z2 = _rows(z)
     lower, upper = _bounds_rows(z2, nt)
     if not (np.isfinite(lower).all() and np.isfinite(upper).all()):
@@ -231,10 +233,74 @@ def _relu(z: np.ndarray, nt: int, alloc) -> np.ndarray:
     k = int(slot[-1])
     slot -= 1
     n, E = z2.shape
-    out = alloc((n, E + k), z.dtype)
+    F = E if apart else E + k
+    out = alloc((n, F), z.dtype)
     threads = threads_for(nt, z2.size + out.size, n)
     kernel("zono_relu", z.dtype)(z2, lower, upper, slot, out, threads)
-    return out.reshape(z.shape[:-1] + (E + k,))
+    out = out.reshape(z.shape[:-1] + (F,))
+    if not apart:
+        return out
+    idx = np.flatnonzero(unstable)
+    lam = upper[idx] / (upper[idx] - lower[idx])  # as the kernel computes them
+    return out, idx, -lam * lower[idx] / 2
+
+
+# A ReLU's new generators, each mu at one neuron and 0 at every other, need
+# not be written out when a convolution or a dense layer follows: that
+# layer's output column of such a generator is one product a neuron (the
+# dense product would add zeros to it), scattered. Network does this; the
+# results are those of the dense form, to the bit.
+
+def _tail_conv(conv, z, idx, mu, alloc):
+    """conv.forward of z with the new generators (idx, mu) appended, for
+    an unbatched (C, H, W, E) z: the tiles over z, the generators
+    scattered."""
+    from .vector_conv import tiles_forward
+
+    x5, weight, _, (geom, (OH, OW)) = chk.vector_conv_args(z, conv.weight, conv.stride, conv.padding,
+                                                           conv.dilation)
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    _, C, H, W, E = x5.shape
+    O, k, dt = weight.shape[0], idx.size, weight.dtype
+    b = chk.bias_arg(conv.bias, O, dt)
+    out = alloc((1, O, OH, OW, E + k), dt)
+    tiles_forward(x5, weight, b, out[..., :E], geom, chk.num_threads_arg(conv.num_threads))
+    tail = out[0, ..., E:]
+    tail.fill(0)
+    c, h, w = idx // (H * W), idx // W % H, idx % W
+    g = np.arange(k)
+    for i in range(kh):
+        rh = h + ph - i * dh  # neuron row h meets tap row i at output row rh / sh
+        okh = (rh % sh == 0) & (rh >= 0) & (rh < OH * sh)
+        for j in range(kw):
+            rw = w + pw - j * dw
+            m = okh & (rw % sw == 0) & (rw >= 0) & (rw < OW * sw)
+            tail[:, rh[m] // sh, rw[m] // sw, g[m]] = weight[:, c[m], i, j] * mu[m]
+    return out[0]
+
+
+def _tail_linear(dense, z, idx, mu, alloc):
+    """dense.forward of z with the new generators (idx, mu) appended, for
+    an unbatched (D, E) z."""
+    weight = dense.weight
+    if z.dtype != weight.dtype or z.shape[0] != weight.shape[1]:
+        return None
+    O, E, k = weight.shape[0], z.shape[1], idx.size
+    out = alloc((O, E + k), z.dtype)
+    b = chk.bias_arg(dense.bias, O, z.dtype)
+    _dense_into(chk.contiguous(z, z.dtype), weight, b, out[:, :E], chk.num_threads_arg(dense.num_threads))
+    np.multiply(weight[:, idx], mu, out=out[:, E:])
+    return out
+
+
+def _append(z, idx, mu, alloc):
+    """z with the new generators (idx, mu) written out."""
+    E, k = z.shape[-1], idx.size
+    out = alloc(z.shape[:-1] + (E + k,), z.dtype)
+    out[..., :E] = z
+    out[..., E:] = 0
+    out.reshape(-1, E + k)[idx, E + np.arange(k)] = mu
+    return out
 
 
 def flatten(z) -> np.ndarray:
@@ -449,10 +515,39 @@ class Network:
 
     def _run(self, z, ws: "_Workspace", layers=None) -> np.ndarray:
         """The layers in turn, each writing into the workspace where it can:
-        the result is a view of the workspace."""
-        for layer in self.layers if layers is None else layers:
+        the result is a view of the workspace. A ReLU followed (past
+        flattens) by a convolution or a dense layer hands its new
+        generators to that layer apart (see _tail_conv)."""
+        from .layers import VectorConv2d, VectorFlatten, VectorLinear, VectorReLU
+
+        layers = self.layers if layers is None else layers
+        tail = None  # a ReLU's new generators not yet written: (idx, mu)
+        for pos, layer in enumerate(layers):
+            if tail is not None:
+                if isinstance(layer, VectorFlatten):  # C order: the indices hold
+                    z = layer.forward(z)
+                    continue
+                res = None
+                if isinstance(layer, VectorConv2d) and z.ndim == 4:
+                    res = _tail_conv(layer, z, *tail, ws.taker(z))
+                elif isinstance(layer, VectorLinear) and z.ndim == 2:
+                    res = _tail_linear(layer, z, *tail, ws.taker(z))
+                if res is None:
+                    res = _append(z, *tail, ws.taker(z))
+                    tail = None
+                else:
+                    z, tail = res, None
+                    continue
+                z = res
+            if isinstance(layer, VectorReLU) and _affine_next(layers, pos + 1):
+                z, idx, mu = _relu(_zonotope(z), chk.num_threads_arg(layer.num_threads), ws.taker(z),
+                                   apart=True)
+                tail = (idx, mu)
+                continue
             into = getattr(layer, "_forward_into", None)
             z = layer.forward(z) if into is None else into(z, ws.taker(z))
+        if tail is not None:
+            z = _append(z, *tail, ws.taker(z))
         return z
 
     def predict(self, x) -> np.ndarray:
@@ -487,6 +582,17 @@ class Network:
     def __repr__(self):
         inner = ",\n  ".join(repr(layer) for layer in self.layers)
         return f"Network([\n  {inner}\n])"
+
+
+def _affine_next(layers, pos) -> bool:
+    """Whether the next layer from pos on, past flattens, is a convolution
+    or a dense layer (which take a ReLU's new generators apart)."""
+    from .layers import VectorConv2d, VectorFlatten, VectorLinear
+
+    for layer in layers[pos:]:
+        if not isinstance(layer, VectorFlatten):
+            return isinstance(layer, (VectorConv2d, VectorLinear))
+    return False
 
 
 class _Workspace:

@@ -497,3 +497,33 @@ def test_first_convolution_without_the_box(rng, stride, padding, dilation):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(got[..., 1:], want[..., 1:])  # each generator is one product
     assert Z._box_conv(x.reshape(-1), eps.reshape(-1), (0.0, 1.0), conv, ws.taker(None)) is None
+
+
+def test_network_hands_new_generators_apart(rng):
+    """A ReLU's new generators reach the next convolution or dense layer
+    apart (scattered there): the same zonotopes as the layers one by one,
+    through a flatten, at the end of a network, after a ReLU, batched."""
+    conv1 = cypool.VectorConv2d(2, 3, 3, stride=1, padding=1, dtype=np.float64, rng=1)
+    conv2 = cypool.VectorConv2d(3, 4, 3, stride=2, padding=1, dilation=1, dtype=np.float64, rng=2)
+    conv3 = cypool.VectorConv2d(4, 3, 2, stride=1, padding=0, dilation=2, dtype=np.float64, rng=3)
+    lin = cypool.VectorLinear(3 * 1 * 1, 5, dtype=np.float64, rng=4)
+    stacks = [
+        [conv1, cypool.VectorReLU(), conv2, cypool.VectorReLU(), conv3, cypool.VectorReLU(),
+         cypool.VectorFlatten(), lin, cypool.VectorReLU()],
+        [conv1, cypool.VectorReLU(), cypool.VectorReLU(), conv2],
+    ]
+    for stack in stacks:
+        net = Z.Network([layer.eval() for layer in stack])
+        for eps in (0.05, 0.3):
+            z = Z.from_box(rng.random((2, 6, 6)), eps)
+            want = z
+            for layer in stack:
+                want = layer.forward(want)
+            got = net(z)
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+            assert want.shape[-1] > z.shape[-1]  # new generators were made
+    batched = Z.from_box(rng.random((2, 2, 6, 6)), 0.1)
+    net = Z.Network([conv1.eval(), cypool.VectorReLU(), conv2.eval()])
+    want = conv2.forward(Z.relu(conv1.forward(batched)))
+    np.testing.assert_allclose(net(batched), want, rtol=1e-12, atol=1e-13)
