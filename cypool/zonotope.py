@@ -26,6 +26,7 @@ matters; float32 runs about twice as fast.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -513,39 +514,20 @@ class Network:
             ws = self._local.ws = _Workspace()
         return ws
 
-    def _run(self, z, ws: "_Workspace", layers=None) -> np.ndarray:
+    def _run(self, z, ws: "_Workspace", layers=None, times=None) -> np.ndarray:
         """The layers in turn, each writing into the workspace where it can:
         the result is a view of the workspace. A ReLU followed (past
         flattens) by a convolution or a dense layer hands its new
-        generators to that layer apart (see _tail_conv)."""
-        from .layers import VectorConv2d, VectorFlatten, VectorLinear, VectorReLU
-
+        generators to that layer apart (see _tail_conv). times: a dict
+        that gets each layer type's seconds added, or None."""
         layers = self.layers if layers is None else layers
         tail = None  # a ReLU's new generators not yet written: (idx, mu)
         for pos, layer in enumerate(layers):
-            if tail is not None:
-                if isinstance(layer, VectorFlatten):  # C order: the indices hold
-                    z = layer.forward(z)
-                    continue
-                res = None
-                if isinstance(layer, VectorConv2d) and z.ndim == 4:
-                    res = _tail_conv(layer, z, *tail, ws.taker(z))
-                elif isinstance(layer, VectorLinear) and z.ndim == 2:
-                    res = _tail_linear(layer, z, *tail, ws.taker(z))
-                if res is None:
-                    res = _append(z, *tail, ws.taker(z))
-                    tail = None
-                else:
-                    z, tail = res, None
-                    continue
-                z = res
-            if isinstance(layer, VectorReLU) and _affine_next(layers, pos + 1):
-                z, idx, mu = _relu(_zonotope(z), chk.num_threads_arg(layer.num_threads), ws.taker(z),
-                                   apart=True)
-                tail = (idx, mu)
-                continue
-            into = getattr(layer, "_forward_into", None)
-            z = layer.forward(z) if into is None else into(z, ws.taker(z))
+            t0 = time.perf_counter()
+            z, tail = _step(layers, pos, z, tail, ws)
+            if times is not None:
+                key = type(layer).__name__
+                times[key] = times.get(key, 0.0) + time.perf_counter() - t0
         if tail is not None:
             z = _append(z, *tail, ws.taker(z))
         return z
@@ -554,13 +536,20 @@ class Network:
         """The network's output on the point x (a zonotope with no generator)."""
         return self.forward(np.asarray(x, dtype=self._dtype())[..., None])[..., 0]
 
-    def certify(self, x, eps, label, *, clip=(0.0, 1.0), return_margins=False):
+    def certify(self, x, eps, label, *, clip=(0.0, 1.0), return_margins=False, times=None):
         """Whether every input in the box ``x +- eps`` (clipped to ``clip``)
         is classified as label: :func:`certify` of the output of
         :func:`from_box`, in the network's dtype (see :func:`certify` for
-        the result and the margins)."""
+        the result and the margins).
+
+        times : dict, optional
+            Gets the seconds of each step added: per layer type (the input
+            box is counted with a first convolution, which convolves it
+            directly), and ``"certify"``.
+        """
         from .layers import VectorConv2d  # layers.py imports this module's functions
 
+        t0 = time.perf_counter()
         ws = self._workspace()
         layers = self.layers
         z = None
@@ -568,9 +557,18 @@ class Network:
             z = _box_conv(x, eps, clip, layers[0], ws.taker(None))
         if z is None:
             z = _from_box(x, eps, clip, self._dtype(), ws.taker(None))
+            key = "from_box"
         else:
             layers = layers[1:]
-        return certify(self._run(z, ws, layers), label, return_margins=return_margins)
+            key = "VectorConv2d"
+        if times is not None:
+            times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+        z = self._run(z, ws, layers, times)
+        t0 = time.perf_counter()
+        res = certify(z, label, return_margins=return_margins)
+        if times is not None:
+            times["certify"] = times.get("certify", 0.0) + time.perf_counter() - t0
+        return res
 
     def _dtype(self) -> np.dtype:
         for layer in self.layers:
@@ -582,6 +580,31 @@ class Network:
     def __repr__(self):
         inner = ",\n  ".join(repr(layer) for layer in self.layers)
         return f"Network([\n  {inner}\n])"
+
+
+def _step(layers, pos, z, tail, ws):
+    """Network._run's step through layers[pos]: (its output, the new
+    generators it leaves apart or None)."""
+    from .layers import VectorConv2d, VectorFlatten, VectorLinear, VectorReLU
+
+    layer = layers[pos]
+    if tail is not None:
+        if isinstance(layer, VectorFlatten):  # C order: the indices hold
+            return layer.forward(z), tail
+        res = None
+        if isinstance(layer, VectorConv2d) and z.ndim == 4:
+            res = _tail_conv(layer, z, *tail, ws.taker(z))
+        elif isinstance(layer, VectorLinear) and z.ndim == 2:
+            res = _tail_linear(layer, z, *tail, ws.taker(z))
+        if res is not None:
+            return res, None
+        z = _append(z, *tail, ws.taker(z))
+    if isinstance(layer, VectorReLU) and _affine_next(layers, pos + 1):
+        z, idx, mu = _relu(_zonotope(z), chk.num_threads_arg(layer.num_threads), ws.taker(z),
+                           apart=True)
+        return z, (idx, mu)
+    into = getattr(layer, "_forward_into", None)
+    return (layer.forward(z) if into is None else into(z, ws.taker(z))), None
 
 
 def _affine_next(layers, pos) -> bool:

@@ -527,3 +527,18 @@ def test_network_hands_new_generators_apart(rng):
     net = Z.Network([conv1.eval(), cypool.VectorReLU(), conv2.eval()])
     want = conv2.forward(Z.relu(conv1.forward(batched)))
     np.testing.assert_allclose(net(batched), want, rtol=1e-12, atol=1e-13)
+
+
+def test_certify_times_each_step(rng):
+    _, dicts = small_net(rng)
+    net = Z.Network.from_layers(dicts)
+    times = {}
+    x = rng.random((2, 8, 8))
+    ok = net.certify(x, 0.05, 0, times=times)
+    assert ok == net.certify(x, 0.05, 0)
+    assert set(times) == {"VectorConv2d", "VectorReLU", "VectorFlatten", "VectorLinear", "certify"}
+    assert all(v >= 0 for v in times.values())
+    dense_first = Z.Network.from_layers([{"weight": np.ones((3, 4))}, "relu", {"weight": np.ones((2, 3))}])
+    times = {}
+    dense_first.certify(rng.random(4), 0.1, 0, times=times)
+    assert "from_box" in times
