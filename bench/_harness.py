@@ -251,11 +251,7 @@ import sys
 import numpy as np
 sys.path.insert(0, {here!r})
 {setup}
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
+from _rss import status
 base = status("VmRSS")
 out = {call}
 print(status("VmHWM") - base - out.nbytes)

@@ -246,16 +246,12 @@ sys.path.insert(0, {here!r})
 from cypool import zonotope
 d = np.load({path!r}, allow_pickle=True)
 net = zonotope.Network.from_layers(list(d["layers"]), num_threads={n})
+from _rss import status
 x, eps, label = d["x"], float(d["eps"]), int(d["label"])
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
 base = status("VmRSS")
 net.certify(x, eps, label)
 peak = status("VmHWM") - base
-z, big = zonotope.from_box(x, eps), 0
+z = zonotope.from_box(x, eps)
 big = z.nbytes
 for layer in net.layers:
     z = layer.forward(z)

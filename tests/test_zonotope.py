@@ -6,6 +6,7 @@ import pytest
 
 import cypool
 import reference as ref
+from cypool import _zonotope_net as N
 from cypool import zonotope as Z
 from helpers import torch_or_skip
 
@@ -491,12 +492,12 @@ def test_first_convolution_without_the_box(rng, stride, padding, dilation):
     x = rng.random((3, 9, 8))
     eps = rng.choice([0.0, 0.05], size=x.shape)
     x[0, 0, :2] = [0.0, 1.0]
-    ws = Z._Workspace()
-    got = Z._box_conv(x, eps, (0.0, 1.0), conv, ws.taker(None))
+    ws = N._Workspace()
+    got = N._box_conv(x, eps, (0.0, 1.0), conv, ws.taker(None))
     want = conv.forward(Z.from_box(x, eps))
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(got[..., 1:], want[..., 1:])  # each generator is one product
-    assert Z._box_conv(x.reshape(-1), eps.reshape(-1), (0.0, 1.0), conv, ws.taker(None)) is None
+    assert N._box_conv(x.reshape(-1), eps.reshape(-1), (0.0, 1.0), conv, ws.taker(None)) is None
 
 
 def test_network_hands_new_generators_apart(rng):
@@ -542,3 +543,49 @@ def test_certify_times_each_step(rng):
     times = {}
     dense_first.certify(rng.random(4), 0.1, 0, times=times)
     assert "from_box" in times
+
+
+@pytest.mark.parametrize("C, s1, p1, d1, s2, p2, d2", [
+    (1, 2, 0, 1, 2, 0, 1),   # ConvSmall's
+    (1, 2, 1, 1, 2, 1, 1),   # ConvMed's
+    (3, 1, 1, 1, 2, 1, 1),   # several channels: generators reordered
+    (2, 1, 0, 2, 1, 2, 2),   # dilations
+    (2, 2, 1, 1, 1, 0, 1),
+])
+def test_banded_head_matches_reference(rng, C, s1, p1, d1, s2, p2, d2):
+    """conv, ReLU, conv by row bands (Network.certify's head): the
+    reference's margins, and the whole zonotope's bounds as the layers one
+    by one give them, through padding, strides, dilation and points."""
+    w1 = rng.standard_normal((4, C, 3, 3)) * 0.5
+    b1 = rng.standard_normal(4) * 0.1
+    w2 = rng.standard_normal((3, 4, 3, 3)) * 0.4
+    b2 = rng.standard_normal(3) * 0.1
+    x = rng.random((C, 11, 10))
+    conv1 = {"weight": w1, "bias": b1, "stride": s1, "padding": p1, "dilation": d1}
+    conv2 = {"weight": w2, "bias": b2, "stride": s2, "padding": p2, "dilation": d2}
+    head = Z.Network.from_layers([conv1, "relu", conv2])
+    out_shape = head.layers[2].forward(head.layers[1].forward(head.layers[0].forward(
+        Z.from_box(x, 0.0))))[..., 0].shape
+    D = int(np.prod(out_shape))
+    w3 = rng.standard_normal((4, D)) * 0.3
+    net = Z.Network.from_layers([conv1, "relu", conv2, "relu", "flatten", {"weight": w3, "bias": np.zeros(4)}])
+    layers = [("conv", w1, b1, s1, p1), ("relu",), ("conv", w2, b2, s2, p2), ("relu",), ("flatten",),
+              ("linear", w3, np.zeros(4))]
+    for eps in (0.0, 0.02, rng.choice([0.0, 0.1], size=x.shape)):
+        label = int(np.argmax(net.predict(x)))
+        ok, m = net.certify(x, eps, label, return_margins=True)
+        if d1 == d2 == 1:  # the reference convolution has no dilation argument
+            want_ok, want_m = ref.deepz_certify(x, eps, layers, label)
+            assert ok == want_ok
+            np.testing.assert_allclose(m, want_m, rtol=1e-9, atol=1e-9)
+        # the head alone against the layers one by one: the same bounds
+        ws = N._Workspace()
+        z, _ = N._banded_head(x, eps, (0.0, 1.0), *head.layers, ws, None)
+        want = head.layers[0].forward(Z.from_box(x, eps))
+        want = head.layers[2].forward(Z.relu(want))
+        assert z.shape == want.shape
+        for got_b, want_b in zip(Z.bounds(z), Z.bounds(want)):
+            np.testing.assert_allclose(got_b, want_b, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(z[..., 0], want[..., 0], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(np.sort(np.abs(z[..., 1:]).sum((0, 1, 2))),
+                                   np.sort(np.abs(want[..., 1:]).sum((0, 1, 2))), rtol=1e-10, atol=1e-14)

@@ -1,0 +1,584 @@
+"""zonotope.Network: a whole network run on zonotopes, fast.
+
+What makes it faster than its layers called one by one, with the same
+numbers (docs/performance.md):
+
+* two buffers the layers write into in turn, kept from call to call;
+* a first convolution convolves the input box directly (_box_conv), and
+  with a ReLU and a second convolution after it, works row band by row
+  band (_banded_head): after the first convolution a pixel's generator is
+  zero outside a few rows, and only those are read;
+* a ReLU's new generators reach the next convolution or dense layer apart
+  (_tail_conv, _tail_linear), scattered there rather than convolved as
+  columns of zeros.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from . import _checks as chk
+from .zonotope import (_box, _dense_into, _from_box, _relu, _zonotope, certify, conv2d)
+
+__all__ = ["Network"]
+
+
+class Network:
+    """A network run on zonotopes: a list of zonotope layers
+    (:class:`cypool.VectorConv2d`, :class:`cypool.VectorReLU`,
+    :class:`cypool.VectorFlatten`, :class:`cypool.VectorLinear`, or any
+    object with ``forward(z)``), applied in order.
+
+    Build it from a trained network with :meth:`from_layers`; certify an
+    input with :meth:`certify`.
+    """
+
+    def __init__(self, layers):
+        self.layers = list(layers)
+        self._local = threading.local()
+        for i, layer in enumerate(self.layers):
+            if not callable(getattr(layer, "forward", None)):
+                raise TypeError(f"layers[{i}] has no forward method: {layer!r}")
+
+    @classmethod
+    def from_layers(cls, layers, *, dtype=np.float64, num_threads=None) -> "Network":
+        """The zonotope network of a trained stack of layers.
+
+        Parameters
+        ----------
+        layers : sequence, or a ``torch.nn.Sequential``
+            In order, each one of:
+
+            * cypool's ``Conv2d``, ``Linear``, ``ReLU``, ``Flatten`` (or
+              their Vector counterparts);
+            * ``torch.nn.Conv2d`` (groups 1, zero padding), ``Linear``,
+              ``ReLU``, ``Flatten`` (nested ``Sequential`` too);
+            * plain numpy weights: a dict ``{"weight": w, "bias": b}``,
+              with ``stride``, ``padding``, ``dilation`` for a 4-D
+              (convolution) weight, a 2-D weight being a dense layer;
+            * the strings ``"relu"`` and ``"flatten"``.
+
+            A dense layer right after a convolution (or its ReLU) gets the
+            flatten inserted, as torch's flatten order.
+        dtype : float64 (default) or float32
+            The weights are copied in this dtype.
+        num_threads : int or None
+            For every layer.
+        """
+        from . import layers as L  # layers.py imports this module's functions
+
+        dt = chk.float_dtype_arg(dtype)
+        chk.num_threads_arg(num_threads)
+        if _is_torch(layers):
+            layers = list(_torch_leaves(layers))
+        elif not isinstance(layers, (list, tuple)):
+            raise TypeError(f"layers must be a list, a tuple or a torch.nn.Sequential, got "
+                            f"{type(layers).__name__}")
+        out = []
+        spatial = False  # whether the zonotope is (C, H, W, E) at this point
+        for i, spec in enumerate(layers):
+            layer = _convert(L, spec, dt, num_threads, f"layers[{i}]")
+            if isinstance(layer, L.VectorLinear) and spatial:
+                out.append(L.VectorFlatten().eval())
+                spatial = False
+            if isinstance(layer, L.VectorConv2d):
+                spatial = True
+            elif isinstance(layer, (L.VectorFlatten, L.VectorLinear)):
+                spatial = False
+            out.append(layer.eval())
+        return cls(out)
+
+    def forward(self, z) -> np.ndarray:
+        """The output zonotope of z (each layer in turn)."""
+        return self._run(z, self._workspace()).copy()
+
+    __call__ = forward
+
+    def _workspace(self) -> "_Workspace":
+        ws = getattr(self._local, "ws", None)
+        if ws is None:
+            ws = self._local.ws = _Workspace()
+        return ws
+
+    def _run(self, z, ws: "_Workspace", layers=None, times=None) -> np.ndarray:
+        """The layers in turn, each writing into the workspace where it can:
+        the result is a view of the workspace. A ReLU followed (past
+        flattens) by a convolution or a dense layer hands its new
+        generators to that layer apart (see _tail_conv). times: a dict
+        that gets each layer type's seconds added, or None."""
+        layers = self.layers if layers is None else layers
+        tail = None  # a ReLU's new generators not yet written: (idx, mu)
+        for pos, layer in enumerate(layers):
+            t0 = time.perf_counter()
+            z, tail = _step(layers, pos, z, tail, ws)
+            if times is not None:
+                key = type(layer).__name__
+                times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+        if tail is not None:
+            z = _append(z, *tail, ws.taker(z))
+        return z
+
+    def predict(self, x) -> np.ndarray:
+        """The network's output on the point x (a zonotope with no generator)."""
+        return self.forward(np.asarray(x, dtype=self._dtype())[..., None])[..., 0]
+
+    def certify(self, x, eps, label, *, clip=(0.0, 1.0), return_margins=False, times=None):
+        """Whether every input in the box ``x +- eps`` (clipped to ``clip``)
+        is classified as label: :func:`certify` of the output of
+        :func:`from_box`, in the network's dtype (see :func:`certify` for
+        the result and the margins).
+
+        times : dict, optional
+            Gets the seconds of each step added: per layer type (the input
+            box is counted with a first convolution, which convolves it
+            directly), and ``"certify"``.
+        """
+        from .layers import VectorConv2d, VectorFlatten, VectorLinear, VectorReLU  # (layers imports zonotope)
+
+        t0 = time.perf_counter()
+        ws = self._workspace()
+        layers = self.layers
+        z = None
+        if len(layers) >= 3 and isinstance(layers[0], VectorConv2d) and isinstance(layers[1], VectorReLU) \
+                and isinstance(layers[2], VectorConv2d):
+            head = _banded_head(x, eps, clip, *layers[:3], ws, times)
+            if head is not None:
+                (z, band), layers, t0 = head, layers[3:], None
+                # a ReLU, a flatten and a dense layer next: the dense layer by bands too
+                if len(layers) >= 3 and isinstance(layers[0], VectorReLU) \
+                        and isinstance(layers[1], VectorFlatten) and isinstance(layers[2], VectorLinear) \
+                        and layers[2].weight.shape[1] == z[..., 0].size and layers[2].weight.dtype == z.dtype:
+                    t1 = time.perf_counter()
+                    z, idx, mu = _relu(z, chk.num_threads_arg(layers[0].num_threads), ws.taker(z), apart=True)
+                    t2 = time.perf_counter()
+                    z = _banded_dense(z, idx, mu, layers[2], band, ws)
+                    if times is not None:
+                        times["VectorReLU"] = times.get("VectorReLU", 0.0) + t2 - t1
+                        times["VectorLinear"] = times.get("VectorLinear", 0.0) + time.perf_counter() - t2
+                    layers = layers[3:]
+        if z is None and layers and isinstance(layers[0], VectorConv2d):  # skips the box
+            z = _box_conv(x, eps, clip, layers[0], ws.taker(None))
+            key = "VectorConv2d"
+            layers = layers[1:] if z is not None else layers
+        if z is None:
+            z = _from_box(x, eps, clip, self._dtype(), ws.taker(None))
+            key = "from_box"
+        if times is not None and t0 is not None:
+            times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+        z = self._run(z, ws, layers, times)
+        t0 = time.perf_counter()
+        res = certify(z, label, return_margins=return_margins)
+        if times is not None:
+            times["certify"] = times.get("certify", 0.0) + time.perf_counter() - t0
+        return res
+
+    def _dtype(self) -> np.dtype:
+        for layer in self.layers:
+            w = getattr(layer, "weight", None)
+            if isinstance(w, np.ndarray):
+                return w.dtype
+        return np.dtype(np.float64)
+
+    def __repr__(self):
+        inner = ",\n  ".join(repr(layer) for layer in self.layers)
+        return f"Network([\n  {inner}\n])"
+
+
+def _step(layers, pos, z, tail, ws):
+    """Network._run's step through layers[pos]: (its output, the new
+    generators it leaves apart or None)."""
+    from .layers import VectorConv2d, VectorFlatten, VectorLinear, VectorReLU
+
+    layer = layers[pos]
+    if tail is not None:
+        if isinstance(layer, VectorFlatten):  # C order: the indices hold
+            return layer.forward(z), tail
+        res = None
+        if isinstance(layer, VectorConv2d) and z.ndim == 4:
+            res = _tail_conv(layer, z, *tail, ws.taker(z))
+        elif isinstance(layer, VectorLinear) and z.ndim == 2:
+            res = _tail_linear(layer, z, *tail, ws.taker(z))
+        if res is not None:
+            return res, None
+        z = _append(z, *tail, ws.taker(z))
+    if isinstance(layer, VectorReLU) and _affine_next(layers, pos + 1):
+        z, idx, mu = _relu(_zonotope(z), chk.num_threads_arg(layer.num_threads), ws.taker(z),
+                           apart=True)
+        return z, (idx, mu)
+    into = getattr(layer, "_forward_into", None)
+    return (layer.forward(z) if into is None else into(z, ws.taker(z))), None
+
+
+def _affine_next(layers, pos) -> bool:
+    """Whether the next layer from pos on, past flattens, is a convolution
+    or a dense layer (which take a ReLU's new generators apart)."""
+    from .layers import VectorConv2d, VectorFlatten, VectorLinear
+
+    for layer in layers[pos:]:
+        if not isinstance(layer, VectorFlatten):
+            return isinstance(layer, (VectorConv2d, VectorLinear))
+    return False
+
+
+class _Workspace:
+    """Two buffers that a network's layers write their outputs into, each
+    layer into the one its input is not in, kept from call to call (per
+    Python thread): a certification loop reuses warm pages instead of
+    faulting in fresh ones for every layer of every image (a 20 MiB
+    zonotope's pages cost milliseconds). They grow to the largest
+    zonotopes seen, a quarter more for the next image's."""
+
+    def __init__(self):
+        self.bufs = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
+
+    def taker(self, avoid):
+        """alloc(shape, dtype) for a layer whose input is avoid."""
+        def alloc(shape, dtype):
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            i = 1 if avoid is not None and np.may_share_memory(self.bufs[0], avoid) else 0
+            if self.bufs[i].nbytes < nbytes:
+                self.bufs[i] = np.empty(0, np.uint8)  # freed before the larger one is made
+                self.bufs[i] = np.empty(nbytes + nbytes // 4, np.uint8)
+            return self.bufs[i][:nbytes].view(dtype).reshape(shape)
+        return alloc
+
+
+def _is_torch(obj) -> bool:
+    return type(obj).__module__.startswith("torch.")
+
+
+def _torch_leaves(module):
+    """The leaf modules of a torch module, in order (nested Sequentials opened)."""
+    children = list(module.children())
+    if not children:
+        yield module
+    for child in children:
+        yield from _torch_leaves(child)
+
+
+def _array_of(v, dt, name):
+    """A weight as a numpy array of dtype dt (a torch tensor is detached)."""
+    if v is None:
+        return None
+    if hasattr(v, "detach"):
+        v = v.detach().cpu().numpy()
+    a, _ = chk.array(v, name, tuple(range(1, 5)), floating_only=True)
+    return np.array(a, dtype=dt)  # a copy: later training of the source does not leak in
+
+
+def _conv_padding(padding, kernel_size, dilation, where):
+    """A convolution layer's padding as vector_conv2d takes it (symmetric)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0
+        kh, kw = chk.pair(kernel_size, "kernel_size")
+        dh, dw = chk.pair(dilation, "dilation")
+        if padding == "same" and (dh * (kh - 1)) % 2 == 0 and (dw * (kw - 1)) % 2 == 0:
+            return dh * (kh - 1) // 2, dw * (kw - 1) // 2
+        raise ValueError(f"{where}: padding {padding!r} of kernel {(kh, kw)} is not symmetric, "
+                         f"which the zonotope convolution needs")
+    return padding
+
+
+def _conv_layer(L, weight, bias, stride, padding, dilation, dt, nt, where):
+    w = _array_of(weight, dt, f"{where}.weight")
+    O, C, kh, kw = w.shape if w.ndim == 4 else (None,) * 4
+    if O is None:
+        raise ValueError(f"{where}: a convolution weight must be 4-D, got shape {w.shape}")
+    layer = L.VectorConv2d(C, O, (kh, kw), stride, _conv_padding(padding, (kh, kw), dilation, where),
+                           dilation, bias is not None, dt, num_threads=nt)
+    layer.weight = w
+    layer.bias = _array_of(bias, dt, f"{where}.bias")
+    if layer.bias is not None and layer.bias.shape != (O,):
+        raise ValueError(f"{where}: bias must have shape ({O},), got {layer.bias.shape}")
+    return layer
+
+
+def _dense_layer(L, weight, bias, dt, nt, where):
+    w = _array_of(weight, dt, f"{where}.weight")
+    if w.ndim != 2:
+        raise ValueError(f"{where}: a dense weight must be 2-D, got shape {w.shape}")
+    layer = L.VectorLinear(w.shape[1], w.shape[0], bias is not None, dt, num_threads=nt)
+    layer.weight = w
+    layer.bias = _array_of(bias, dt, f"{where}.bias")
+    if layer.bias is not None and layer.bias.shape != (w.shape[0],):
+        raise ValueError(f"{where}: bias must have shape ({w.shape[0]},), got {layer.bias.shape}")
+    return layer
+
+
+def _convert(L, spec, dt, nt, where):
+    """One layer of from_layers as its zonotope layer."""
+    if isinstance(spec, str):
+        if spec == "relu":
+            return L.VectorReLU(num_threads=nt)
+        if spec == "flatten":
+            return L.VectorFlatten()
+        raise ValueError(f"{where}: unknown layer name {spec!r} (use 'relu' or 'flatten')")
+    if isinstance(spec, dict):
+        if "weight" not in spec:
+            raise ValueError(f"{where}: a dict layer needs a 'weight'")
+        unknown = set(spec) - {"weight", "bias", "stride", "padding", "dilation"}
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        if np.ndim(spec["weight"]) == 4:
+            return _conv_layer(L, spec["weight"], spec.get("bias"), spec.get("stride", 1),
+                               spec.get("padding", 0), spec.get("dilation", 1), dt, nt, where)
+        if set(spec) - {"weight", "bias"}:
+            raise ValueError(f"{where}: stride, padding and dilation are for 4-D (convolution) weights")
+        return _dense_layer(L, spec["weight"], spec.get("bias"), dt, nt, where)
+    if isinstance(spec, (L.Conv2d, L.VectorConv2d)):
+        return _conv_layer(L, spec.weight, spec.bias, spec.stride, spec.padding, spec.dilation, dt,
+                           nt, where)
+    if isinstance(spec, (L.Linear, L.VectorLinear)):
+        return _dense_layer(L, spec.weight, spec.bias, dt, nt, where)
+    if isinstance(spec, (L.ReLU, L.VectorReLU)):
+        return L.VectorReLU(num_threads=nt)
+    if isinstance(spec, (L.Flatten, L.VectorFlatten)):
+        return L.VectorFlatten()
+    if _is_torch(spec):
+        return _convert_torch(L, spec, dt, nt, where)
+    raise TypeError(f"{where}: cannot certify through a {type(spec).__name__}")
+
+
+def _convert_torch(L, m, dt, nt, where):
+    import torch.nn as nn
+
+    if isinstance(m, nn.Conv2d):
+        if m.groups != 1 or m.padding_mode != "zeros":
+            raise ValueError(f"{where}: only groups=1 and zero padding are supported, got {m!r}")
+        return _conv_layer(L, m.weight, m.bias, m.stride, m.padding, m.dilation, dt, nt, where)
+    if isinstance(m, nn.Linear):
+        return _dense_layer(L, m.weight, m.bias, dt, nt, where)
+    if isinstance(m, nn.ReLU):
+        return L.VectorReLU(num_threads=nt)
+    if isinstance(m, nn.Flatten):
+        return L.VectorFlatten()
+    raise TypeError(f"{where}: cannot certify through torch's {type(m).__name__}")
+
+
+def _box_conv(x, eps, clip, conv, alloc):
+    """conv.forward(from_box(x, eps, clip)) without making the box's
+    zonotope: the centre convolved as a one-component image, and each
+    generator (one pixel's half-width, zero elsewhere) scattered as the
+    weights that meet its pixel. Each generator column of the output is
+    one product, as in the dense convolution (whose other terms are
+    zeros); only the centre's sum may round differently. None where x is
+    not an image for this convolution (the dense path then checks it)."""
+    shape, centre, half, free = _box(x, eps, clip)
+    w = conv.weight
+    O, C, kh, kw = w.shape
+    if len(shape) != 3 or shape[0] != C:
+        return None
+    dt = w.dtype
+    c_out = conv2d(centre.reshape(shape + (1,)).astype(dt), w, conv.bias, conv.stride, conv.padding,
+                   conv.dilation, num_threads=conv.num_threads)
+    _, OH, OW, _ = c_out.shape
+    out = alloc((O, OH, OW, 1 + free.size), dt)
+    out.fill(0)
+    out[..., 0] = c_out[..., 0]
+    _, H, W = shape
+    sh, sw, ph, pw, dh, dw = chk.step_params(conv.stride, conv.padding, conv.dilation)
+    gen = np.full(centre.size, -1, np.intp)
+    gen[free] = np.arange(free.size)
+    scale = half[free].astype(dt)
+    for i in range(kh):
+        rows = np.arange(OH) * sh - ph + i * dh
+        oh = np.flatnonzero((rows >= 0) & (rows < H))
+        for j in range(kw):
+            cols = np.arange(OW) * sw - pw + j * dw
+            ow = np.flatnonzero((cols >= 0) & (cols < W))
+            # pixel (c, rows[oh], cols[ow]) meets tap (c, i, j) at output (oh, ow)
+            pix = (np.arange(C)[:, None, None] * H + rows[oh][:, None]) * W + cols[ow]
+            g = gen[pix]
+            c_idx, a, b = np.nonzero(g >= 0)
+            gg = g[c_idx, a, b]
+            out[:, oh[a], ow[b], 1 + gg] = w[:, c_idx, i, j] * scale[gg]
+    return out
+
+
+# A ReLU's new generators, each mu at one neuron and 0 at every other, need
+# not be written out when a convolution or a dense layer follows: that
+# layer's output column of such a generator is one product a neuron (the
+# dense product would add zeros to it), scattered. Network does this; the
+# results are those of the dense form, to the bit.
+
+def _tail_conv(conv, z, idx, mu, alloc):
+    """conv.forward of z with the new generators (idx, mu) appended, for
+    an unbatched (C, H, W, E) z: the tiles over z, the generators
+    scattered."""
+    from .vector_conv import tiles_forward
+
+    x5, weight, _, (geom, (OH, OW)) = chk.vector_conv_args(z, conv.weight, conv.stride, conv.padding,
+                                                           conv.dilation)
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    _, C, H, W, E = x5.shape
+    O, k, dt = weight.shape[0], idx.size, weight.dtype
+    b = chk.bias_arg(conv.bias, O, dt)
+    out = alloc((1, O, OH, OW, E + k), dt)
+    tiles_forward(x5, weight, b, out[..., :E], geom, chk.num_threads_arg(conv.num_threads))
+    _scatter_tail(out[0, ..., E:], idx, mu, weight, geom, H, W)
+    return out[0]
+
+
+def _scatter_tail(tail, idx, mu, weight, geom, H, W):
+    """tail (O, OH, OW, k) = the convolution (geometry geom) of the k
+    generators that are mu[g] at neuron idx[g] of a (C, H, W) image and
+    0 elsewhere: one product an output."""
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    _, OH, OW, k = tail.shape
+    tail.fill(0)
+    c, h, w = idx // (H * W), idx // W % H, idx % W
+    g = np.arange(k)
+    for i in range(kh):
+        rh = h + ph - i * dh  # neuron row h meets tap row i at output row rh / sh
+        okh = (rh % sh == 0) & (rh >= 0) & (rh < OH * sh)
+        for j in range(kw):
+            rw = w + pw - j * dw
+            m = okh & (rw % sw == 0) & (rw >= 0) & (rw < OW * sw)
+            tail[:, rh[m] // sh, rw[m] // sw, g[m]] = weight[:, c[m], i, j] * mu[m]
+
+
+def _tail_linear(dense, z, idx, mu, alloc):
+    """dense.forward of z with the new generators (idx, mu) appended, for
+    an unbatched (D, E) z."""
+    weight = dense.weight
+    if z.dtype != weight.dtype or z.shape[0] != weight.shape[1]:
+        return None
+    O, E, k = weight.shape[0], z.shape[1], idx.size
+    out = alloc((O, E + k), z.dtype)
+    b = chk.bias_arg(dense.bias, O, z.dtype)
+    _dense_into(chk.contiguous(z, z.dtype), weight, b, out[:, :E], chk.num_threads_arg(dense.num_threads))
+    np.multiply(weight[:, idx], mu, out=out[:, E:])
+    return out
+
+
+def _append(z, idx, mu, alloc):
+    """z with the new generators (idx, mu) written out."""
+    E, k = z.shape[-1], idx.size
+    out = alloc(z.shape[:-1] + (E + k,), z.dtype)
+    out[..., :E] = z
+    out[..., E:] = 0
+    out.reshape(-1, E + k)[idx, E + np.arange(k)] = mu
+    return out
+
+
+# The banded head. After a first convolution, the generator of input pixel
+# (c, h, w) is zero in every output row whose window misses row h: with the
+# generators in (h, w, c) order, output row r of the convolution holds
+# nonzeros only in a band [lo[r], hi[r]) of generators. The first
+# convolution and its ReLU then keep each row's band alone ("banded
+# storage": row r's columns 1.. are generators lo[r]..), and the second
+# convolution reads, for each of its output rows, the bands of the rows in
+# its window. Generators in (h, w, c) order rather than C order change no
+# certificate (bounds and margins sum over generators in any order).
+
+def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
+    """conv2(relu(conv1(box))) of an image x, by bands; None where x is not
+    an image for conv1 or conv2 does not take conv1's output (the general
+    path then checks it). The ReLU's new generators follow the box's."""
+    shape, centre, half, _ = _box(x, eps, clip)
+    w1, w2 = conv1.weight, conv2.weight
+    if len(shape) != 3 or shape[0] != w1.shape[1] or w2.shape[1] != w1.shape[0] \
+            or w2.dtype != w1.dtype:
+        return None
+    t0 = time.perf_counter()
+    C, H, W = shape
+    dt = w1.dtype
+    # the free pixels (whose box is not a point), in (h, w, c) order
+    order = np.arange(C * H * W).reshape(C, H, W).transpose(1, 2, 0).ravel()
+    pix = order[half[order] > 0]
+    n = pix.size
+    gen = np.full(C * H * W, -1, np.intp)
+    gen[pix] = np.arange(n)
+    row_start = np.searchsorted(pix // W % H, np.arange(H + 1))  # pixel row h: [row_start[h], row_start[h + 1])
+    c_out = conv2d(centre.reshape(shape + (1,)).astype(dt), w1, conv1.bias, conv1.stride, conv1.padding,
+                   conv1.dilation, num_threads=conv1.num_threads)
+    O1, OH1, OW1, _ = c_out.shape
+    kh, kw = w1.shape[2:]
+    sh, sw, ph, pw, dh, dw = chk.step_params(conv1.stride, conv1.padding, conv1.dilation)
+    top = np.arange(OH1) * sh - ph
+    lo = row_start[np.clip(top, 0, H)]
+    hi = row_start[np.clip(top + (kh - 1) * dh + 1, 0, H)]
+    band = int((hi - lo).max())
+    zb = ws.taker(None)((O1, OH1, OW1, 1 + band), dt)
+    zb.fill(0)
+    zb[..., 0] = c_out[..., 0]
+    scale = half[pix].astype(dt)
+    for i in range(kh):
+        rows = top + i * dh
+        oh = np.flatnonzero((rows >= 0) & (rows < H))
+        for j in range(kw):
+            cols = np.arange(OW1) * sw - pw + j * dw
+            ow = np.flatnonzero((cols >= 0) & (cols < W))
+            # pixel (c, rows[oh], cols[ow]) meets tap (c, i, j) at output (oh, ow)
+            g = gen[(np.arange(C)[:, None, None] * H + rows[oh][:, None]) * W + cols[ow]]
+            c_idx, a, b = np.nonzero(g >= 0)
+            gg = g[c_idx, a, b]
+            zb[:, oh[a], ow[b], 1 + gg - lo[oh[a]]] = w1[:, c_idx, i, j] * scale[gg]
+    t1 = time.perf_counter()
+    # the ReLU on banded storage: a row's zeros beyond its band change nothing
+    zr, idx, mu = _relu(zb, chk.num_threads_arg(relu.num_threads), ws.taker(zb), apart=True)
+    t2 = time.perf_counter()
+    x5, _, _, (geom, (OH2, OW2)) = chk.vector_conv_args(np.broadcast_to(np.zeros((), dt), (O1, OH1, OW1, 1)),
+                                                        w2, conv2.stride, conv2.padding, conv2.dilation)
+    kh2, kw2, sh2, sw2, ph2, pw2, dh2, dw2 = geom
+    O2, k = w2.shape[0], idx.size
+    out = ws.taker(zr)((O2, OH2, OW2, 1 + n + k), dt)
+    bands = [(0, 0)] * OH2  # output row r's box generators: [lo, hi)
+    for r in range(OH2):
+        rows = r * sh2 - ph2 + np.arange(kh2) * dh2
+        inside = np.flatnonzero((rows >= 0) & (rows < OH1))
+        u_lo = int(lo[rows[inside]].min()) if inside.size else 0
+        u_hi = int(hi[rows[inside]].max()) if inside.size else 0
+        slab = np.zeros((O1, kh2, OW1, 1 + u_hi - u_lo), dt)  # the window's rows, their bands aligned
+        for t in inside:
+            rr = rows[t]
+            width = int(hi[rr] - lo[rr])
+            slab[:, t, :, 0] = zr[:, rr, :, 0]
+            slab[:, t, :, 1 + lo[rr] - u_lo:1 + lo[rr] - u_lo + width] = zr[:, rr, :, 1:1 + width]
+        res = conv2d(slab, w2, conv2.bias, (1, sw2), (0, pw2), (1, dw2), num_threads=conv2.num_threads)
+        row = out[:, r]
+        row[..., 0] = res[:, 0, :, 0]
+        row[..., 1:1 + u_lo] = 0
+        row[..., 1 + u_lo:1 + u_hi] = res[:, 0, :, 1:]
+        row[..., 1 + u_hi:1 + n] = 0
+        bands[r] = (u_lo, u_hi)
+    _scatter_tail(out[..., 1 + n:], idx, mu, w2, geom, OH1, OW1)
+    if times is not None:
+        t3 = time.perf_counter()
+        times["VectorConv2d"] = times.get("VectorConv2d", 0.0) + (t1 - t0) + (t3 - t2)
+        times["VectorReLU"] = times.get("VectorReLU", 0.0) + (t2 - t1)
+    return out, (n, bands)
+
+
+def _banded_dense(z, idx, mu, dense, band, ws):
+    """dense(flatten(z with the new generators (idx, mu) appended)) for the
+    banded head's output z (O2, OH2, OW2, E) after its ReLU: output row r's
+    neurons hold box generators in bands[r] alone, so the box generators'
+    columns are a product a row band; the centre and the first ReLU's
+    generators (columns 1 + n on) one product over all neurons."""
+    n, bands = band
+    O2, OH2, OW2, E = z.shape
+    weight, dt = dense.weight, z.dtype
+    O, k = weight.shape[0], idx.size
+    nt = chk.num_threads_arg(dense.num_threads)
+    z2 = z.reshape(-1, E)
+    out = ws.taker(z)((O, E + k), dt)
+    rest = np.concatenate([z2[:, :1], z2[:, 1 + n:]], axis=1)  # the centre, then columns 1 + n on
+    part = np.empty((O, rest.shape[1]), dt)
+    _dense_into(rest, weight, chk.bias_arg(dense.bias, O, dt), part, nt)
+    out[:, :1] = part[:, :1]
+    out[:, 1 + n:E] = part[:, 1:]
+    out[:, 1:1 + n] = 0
+    neurons = np.arange(O2 * OH2 * OW2).reshape(O2, OH2, OW2)
+    for r, (lo, hi) in enumerate(bands):
+        if hi > lo:
+            rows = neurons[:, r].ravel()
+            block = np.empty((O, hi - lo), dt)
+            _dense_into(np.ascontiguousarray(z2[rows, 1 + lo:1 + hi]), np.ascontiguousarray(weight[:, rows]),
+                        chk.no_bias(dt), block, nt)
+            out[:, 1 + lo:1 + hi] += block
+    np.multiply(weight[:, idx], mu, out=out[:, E:])
+    return out
