@@ -232,6 +232,15 @@ class _Workspace:
 
     def __init__(self):
         self.bufs = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
+        self.spare = np.empty(0, np.uint8)
+
+    def scratch(self, shape, dtype):
+        """A third buffer, for a step's own temporaries (not an output)."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self.spare.nbytes < nbytes:
+            self.spare = np.empty(0, np.uint8)
+            self.spare = np.empty(nbytes + nbytes // 4, np.uint8)
+        return self.spare[:nbytes].view(dtype).reshape(shape)
 
     def taker(self, avoid):
         """alloc(shape, dtype) for a layer whose input is avoid."""
@@ -430,14 +439,13 @@ def _scatter_tail(tail, idx, mu, weight, geom, H, W):
     _, OH, OW, k = tail.shape
     tail.fill(0)
     c, h, w = idx // (H * W), idx // W % H, idx % W
-    g = np.arange(k)
-    for i in range(kh):
-        rh = h + ph - i * dh  # neuron row h meets tap row i at output row rh / sh
-        okh = (rh % sh == 0) & (rh >= 0) & (rh < OH * sh)
-        for j in range(kw):
-            rw = w + pw - j * dw
-            m = okh & (rw % sw == 0) & (rw >= 0) & (rw < OW * sw)
-            tail[:, rh[m] // sh, rw[m] // sw, g[m]] = weight[:, c[m], i, j] * mu[m]
+    # neuron row h meets tap row i at output row rh / sh (and so for columns): every tap at once
+    rh = h[:, None] + ph - np.arange(kh) * dh  # (k, kh)
+    rw = w[:, None] + pw - np.arange(kw) * dw  # (k, kw)
+    okh = (rh % sh == 0) & (rh >= 0) & (rh < OH * sh)
+    okw = (rw % sw == 0) & (rw >= 0) & (rw < OW * sw)
+    g, i, j = np.nonzero(okh[:, :, None] & okw[:, None, :])
+    tail[:, rh[g, i] // sh, rw[g, j] // sw, g] = weight[:, c[g], i, j] * mu[g]
 
 
 def _tail_linear(dense, z, idx, mu, alloc):
@@ -505,18 +513,16 @@ def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
     zb = ws.taker(None)((O1, OH1, OW1, 1 + band), dt)
     zb.fill(0)
     zb[..., 0] = c_out[..., 0]
-    scale = half[pix].astype(dt)
-    for i in range(kh):
-        rows = top + i * dh
-        oh = np.flatnonzero((rows >= 0) & (rows < H))
-        for j in range(kw):
-            cols = np.arange(OW1) * sw - pw + j * dw
-            ow = np.flatnonzero((cols >= 0) & (cols < W))
-            # pixel (c, rows[oh], cols[ow]) meets tap (c, i, j) at output (oh, ow)
-            g = gen[(np.arange(C)[:, None, None] * H + rows[oh][:, None]) * W + cols[ow]]
-            c_idx, a, b = np.nonzero(g >= 0)
-            gg = g[c_idx, a, b]
-            zb[:, oh[a], ow[b], 1 + gg - lo[oh[a]]] = w1[:, c_idx, i, j] * scale[gg]
+    # pixel (c, rows[r, i], cols[q, j]) meets tap (c, i, j) at output (r, q): every tap at once
+    rows = top[:, None] + np.arange(kh) * dh  # (OH1, kh)
+    cols = np.arange(OW1)[:, None] * sw - pw + np.arange(kw) * dw  # (OW1, kw)
+    inside = ((rows >= 0) & (rows < H))[None, :, :, None, None] & ((cols >= 0) & (cols < W))[None, None, None]
+    flat = (np.arange(C)[:, None, None, None, None] * H + rows[None, :, :, None, None]) * W \
+        + cols[None, None, None]  # (C, OH1, kh, OW1, kw)
+    g = np.where(inside, gen[np.where(inside, flat, 0)], -1)
+    c_idx, r, i, q, j = np.nonzero(g >= 0)
+    gg = g[c_idx, r, i, q, j]
+    zb[:, r, q, 1 + gg - lo[r]] = w1[:, c_idx, i, j] * half[pix[gg]].astype(dt)
     t1 = time.perf_counter()
     # the ReLU on banded storage: a row's zeros beyond its band change nothing
     zr, idx, mu = _relu(zb, chk.num_threads_arg(relu.num_threads), ws.taker(zb), apart=True)
@@ -532,7 +538,8 @@ def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
         inside = np.flatnonzero((rows >= 0) & (rows < OH1))
         u_lo = int(lo[rows[inside]].min()) if inside.size else 0
         u_hi = int(hi[rows[inside]].max()) if inside.size else 0
-        slab = np.zeros((O1, kh2, OW1, 1 + u_hi - u_lo), dt)  # the window's rows, their bands aligned
+        slab = ws.scratch((O1, kh2, OW1, 1 + u_hi - u_lo), dt)  # the window's rows, their bands aligned
+        slab.fill(0)
         for t in inside:
             rr = rows[t]
             width = int(hi[rr] - lo[rr])
