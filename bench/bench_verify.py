@@ -46,6 +46,9 @@ art_deepz = optional("art.estimators.certification.deep_z")
 tqdm = getattr(optional("tqdm"), "tqdm", None)
 
 EPS = (0.005, 0.01, 0.02, 0.05)
+# Seconds between two peers' calls: the previous peer's thread pool stops
+# spinning (the harness's pause, bench/README.md).
+PAUSE = 0.02
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -308,6 +311,7 @@ def run_network(name, layers, x_te, y_te, images, eps_list, n, peers_on):
             x = x_te[i].astype(np.float64)
             got = {}
             for p, fn in peers.items():
+                time.sleep(PAUSE)  # the previous peer's threads asleep
                 t = time.perf_counter()
                 got[p] = fn(x, eps, int(y_te[i]))
                 times[p].append(time.perf_counter() - t)
@@ -348,6 +352,10 @@ def plot(results, path):
     for name, (_, count, rows) in results.items():
         ax.plot([r[0] for r in rows], [r[1]["cypool"] / count for r in rows], marker="o", label=name)
     ax.set_xscale("log")
+    eps = sorted({r[0] for _, _, rows in results.values() for r in rows})
+    ax.set_xticks(eps)
+    ax.set_xticklabels([f"{e:g}" for e in eps])
+    ax.minorticks_off()
     ax.set_xlabel("eps (L-infinity, pixels in [0, 1])")
     ax.set_ylabel("verified fraction (DeepZ)")
     ax.set_ylim(0, 1.02)

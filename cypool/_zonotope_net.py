@@ -128,7 +128,11 @@ class Network:
         """Whether every input in the box ``x +- eps`` (clipped to ``clip``)
         is classified as label: :func:`certify` of the output of
         :func:`from_box`, in the network's dtype (see :func:`certify` for
-        the result and the margins).
+        the result and the margins). It takes the structure of the box's
+        generators into account (by row bands, in (h, w, c) order, through
+        a first convolution, ReLU and convolution), which changes no
+        answer: the margins are those of the layers one by one, to
+        rounding.
 
         times : dict, optional
             Gets the seconds of each step added: per layer type (the input
