@@ -32,7 +32,9 @@ class Network:
     object with ``forward(z)``), applied in order.
 
     Build it from a trained network with :meth:`from_layers`; certify an
-    input with :meth:`certify`.
+    input with :meth:`certify`. Each Python thread that runs it keeps two
+    buffers (three in :meth:`certify`) as large as its largest zonotopes,
+    reused from call to call.
     """
 
     def __init__(self, layers):
@@ -67,7 +69,7 @@ class Network:
         num_threads : int or None
             For every layer.
         """
-        from . import layers as L  # layers.py imports this module's functions
+        from . import layers as L  # (layers imports zonotope, which imports this module)
 
         dt = chk.float_dtype_arg(dtype)
         chk.num_threads_arg(num_threads)

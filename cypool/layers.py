@@ -397,8 +397,8 @@ class VectorLinear(Layer):
     """Dense layer on zonotopes (see :func:`cypool.zonotope.linear`):
     ``(D, E)`` or ``(N, D, E)`` to ``(O, E)`` or ``(N, O, E)``, the bias on
     component 0 only, in cypool's threads (``num_threads``). Parameters
-    and initialisation as :class:`Linear`; ``backward(g)`` fills ``.grad_weight`` and ``.grad_bias`` and returns
-    the input gradient.
+    and initialisation as :class:`Linear`; ``backward(g)`` fills
+    ``.grad_weight`` and ``.grad_bias`` and returns the input gradient.
     """
 
     def __init__(self, in_features, out_features, bias=True, dtype=np.float32, rng=None, *,
