@@ -80,7 +80,7 @@ def train(layers, x, y, epochs, lr=0.05, batch=32, seed=0):
     rng = np.random.default_rng(seed)
     params = [(layer, name) for layer in layers for name in ("weight", "bias")
               if getattr(layer, name, None) is not None]
-    velocity = {id(layer) * 2 + (name == "bias"): 0.0 for layer, name in params}
+    velocity = {(id(layer), name): 0.0 for layer, name in params}
     for _ in range(epochs):
         order = rng.permutation(len(y))
         for i in range(0, len(y), batch):
@@ -92,7 +92,7 @@ def train(layers, x, y, epochs, lr=0.05, batch=32, seed=0):
                 else:
                     g = layer.backward(g)
             for layer, name in params:
-                key = id(layer) * 2 + (name == "bias")
+                key = (id(layer), name)
                 velocity[key] = 0.9 * velocity[key] - lr * getattr(layer, "grad_" + name)
                 setattr(layer, name, getattr(layer, name) + velocity[key])
 
