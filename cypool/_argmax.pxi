@@ -121,14 +121,23 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
     cdef value_t* sval
     cdef Py_ssize_t* swhere
     cdef value_t b, v
+    cdef Py_ssize_t start, end, B
+    cdef Team team
     if P == 0:
         return
     if segments <= 1:
-        for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
+        B = _claim_block(P, num_threads)
+        _team_begin(&team)
+        with nogil, parallel(num_threads=num_threads):
             _note_team()
-            where = _argmax_range(&x[p, 0], n, &values[p])
-            coords[p, 0] = <index_t>(where // W)
-            coords[p, 1] = <index_t>(where % W)
+            end = -1
+            start = _claim(&team, P, B, &end)
+            while start < P:
+                for p in range(start, end):
+                    where = _argmax_range(&x[p, 0], n, &values[p])
+                    coords[p, 0] = <index_t>(where // W)
+                    coords[p, 1] = <index_t>(where % W)
+                start = _claim(&team, P, B, &end)
         return
     seg_len = (n + segments - 1) // segments
     sval = <value_t*>malloc(T * sizeof(value_t))
@@ -137,14 +146,21 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
         free(sval)
         free(swhere)
         raise MemoryError("cypool.argmax2d: out of memory")
-    for t in prange(T, nogil=True, schedule="static", num_threads=num_threads):
+    B = _claim_block(T, num_threads)
+    _team_begin(&team)
+    with nogil, parallel(num_threads=num_threads):
         _note_team()
-        lo = (t % segments) * seg_len
-        hi = min(lo + seg_len, n)
-        if lo < hi:
-            swhere[t] = lo + _argmax_range(&x[t // segments, lo], hi - lo, &sval[t])
-        else:
-            swhere[t] = -1
+        end = -1
+        start = _claim(&team, T, B, &end)
+        while start < T:
+            for t in range(start, end):
+                lo = (t % segments) * seg_len
+                hi = min(lo + seg_len, n)
+                if lo < hi:
+                    swhere[t] = lo + _argmax_range(&x[t // segments, lo], hi - lo, &sval[t])
+                else:
+                    swhere[t] = -1
+            start = _claim(&team, T, B, &end)
     with nogil:
         for p in range(P):
             b = sval[p * segments]

@@ -16,6 +16,11 @@ cdef extern from "_omp_shim.h" nogil:
     int omp_get_num_threads()
     int CYPOOL_HAVE_OPENMP
     int CYPOOL_OPENMP_VERSION
+    Py_ssize_t cypool_claim(Py_ssize_t* next, Py_ssize_t n)
+    int64_t cypool_now_ns()
+    void cypool_note_start(int64_t opened_ns)
+    int cypool_crowded()
+    void cypool_set_crowded(int on)
 
 ctypedef fused value_t:
     float
@@ -69,6 +74,18 @@ cdef inline value_t _highest(value_t* like) noexcept nogil:
 
 
 cdef int _last_team = 1
+# Whether parallel kernels claim their work a block at a time (_claim);
+# False splits it as schedule="static" would. For A/B measurement only
+# (set_claiming): the kernels always claim.
+cdef bint _claiming = True
+
+
+def set_claiming(bint on):
+    """Diagnostic for the benches' A/B runs: parallel kernels claim their
+    work items a block at a time (True, the default) or split them in equal
+    contiguous shares (False, the old way). Not thread-safe; not for use."""
+    global _claiming
+    _claiming = on
 
 
 cdef inline void _note_team() noexcept nogil:
@@ -87,14 +104,73 @@ cdef inline void _set_serial_team() noexcept nogil:
 
 cdef inline Py_ssize_t _share_start(Py_ssize_t Q, int t) noexcept nogil:
     """Where thread t's contiguous share of Q work items starts (share t
-    ends where share t + 1 starts), as schedule="static" would split them.
-
-    The kernels' one threading style: the work of a share, per-thread
-    buffers included, is a function over [start, end); a serial call runs
-    it on [0, Q) without a parallel region, a parallel call runs it on each
-    thread's share. Assign the result in the parallel block, so that Cython
+    ends where share t + 1 starts), as schedule="static" would split them:
+    for the kernels whose threads keep per-thread sums, and for _claim's
+    A/B switch. Assign the result in the parallel block, so that Cython
     makes the variable private to the thread."""
     return Q * t // omp_get_num_threads()
+
+
+cdef inline Py_ssize_t _claim_block(Py_ssize_t Q, int threads) noexcept nogil:
+    """Items a thread claims at a time: about eight blocks a thread, so that
+    a thread the OS runs late costs at most a block's time."""
+    return Q // (8 * threads) if Q >= 8 * threads else 1
+
+
+cdef struct Team:
+    # One parallel call's shared state.
+    Py_ssize_t next     # the next unclaimed work item
+    int64_t opened_ns   # when the calling thread opened the region
+
+
+cdef inline void _team_begin(Team* team) noexcept nogil:
+    """Ready team for a parallel region: call right before opening it."""
+    team.next = 0
+    team.opened_ns = cypool_now_ns()
+
+
+cdef inline Py_ssize_t _claim(Team* team, Py_ssize_t Q, Py_ssize_t B,
+                              Py_ssize_t* end) noexcept nogil:
+    """The start of the next block [start, *end) of Q work items this thread
+    takes from the call's team, B items at a time; Q or more when none is
+    left. Set *end = -1 before the first call.
+
+    The kernels' threading: the work of a block, per-thread buffers
+    included, is a function over [start, end); a serial call runs it on
+    [0, Q) without a parallel region, a parallel call runs it on the
+    blocks each thread claims. Claimed, not split in equal shares: where
+    another library's threads still spin (OpenBLAS for about 0.1 s after
+    a product) or a neighbour takes a core, a static share waits for its
+    slowest thread, while claimed blocks go to the threads that run. A
+    team thread's first claim also tells whether it started late
+    (cypool_note_start): then the next calls run serial for a while
+    (docs/performance.md, "Inside real programs")."""
+    cdef Py_ssize_t start
+    cdef int t = omp_get_thread_num()
+    if end[0] < 0 and t != 0:
+        cypool_note_start(team.opened_ns)
+    if not _claiming:
+        if end[0] >= 0:
+            return Q
+        end[0] = _share_start(Q, t + 1)
+        return _share_start(Q, t)
+    start = cypool_claim(&team.next, B)
+    end[0] = start + B if start + B < Q else Q
+    return start
+
+
+def crowded():
+    """Whether a team thread of a recent parallel call started late, its
+    core taken by other threads: then _backend.threads_for runs calls on
+    the calling thread alone for a spell (10 ms, doubling up to 160 ms
+    while team threads keep starting late; _omp_shim.h)."""
+    return bool(cypool_crowded())
+
+
+def set_crowded(bint on):
+    """Diagnostic for tests and benches: start (True) or end (False) a
+    crowded spell now, the spell's length back at its shortest."""
+    cypool_set_crowded(on)
 
 
 def last_team_size():

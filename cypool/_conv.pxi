@@ -190,11 +190,13 @@ cdef inline void _job_free(ConvJob* j) noexcept nogil:
 
 
 cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,
-                        floating[:, :, :, :] out, const ConvJob* j, Py_ssize_t q0,
-                        Py_ssize_t q1) noexcept nogil:
-    """Work items [q0, q1) of a forward call, with buffers of this thread's
-    own; 1 when out of memory. Item q is chunk q % G of image q // G."""
-    cdef Py_ssize_t q, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
+                        floating[:, :, :, :] out, const ConvJob* j, Py_ssize_t Q,
+                        Team* team) noexcept nogil:
+    """Work items of a forward call, with buffers of this thread's own: all
+    Q of them (team NULL), or those this thread claims one at a time from
+    the call's team (_claim); 1 when out of memory. Item q is
+    chunk q % G of image q // G."""
+    cdef Py_ssize_t q, qend = -1, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
     cdef Py_ssize_t so = out.strides[3] // <Py_ssize_t>sizeof(floating)  # output column step
     # The narrowest vector tile (_vconv_kernel.h): half a vector where
     # there is one, else a third of the E block (one vector).
@@ -214,7 +216,8 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     if not failed:
         for o in range(j.Op):
             outs[o] = tmp + o * j.ce
-        for q in range(q0, q1):
+        q = _claim(team, Q, 1, &qend) if team != NULL else 0
+        while q < Q:
             n = q // j.G
             if n != cur:
                 if j.direct:
@@ -251,6 +254,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                             for r in range(min(e_end, oh * Wq + j.OW) - e):
                                 dst[r * so] = src[r] + b
                     e = e_end
+            q = _claim(team, Q, 1, &qend) if team != NULL and q + 1 >= qend else q + 1
     free(buf)
     free(tmp)
     free(xs)
@@ -279,7 +283,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef Py_ssize_t O = out.shape[1], Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef floating* wt
-    cdef int tid
+    cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
@@ -300,12 +304,12 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         if num_threads == 1:
             _set_serial_team()
             with nogil:
-                failed[0] = _forward_items(x, wt, bptr, out, &j, 0, Q)
+                failed[0] = _forward_items(x, wt, bptr, out, &j, Q, NULL)
         else:
+            _team_begin(&team)
             with nogil, parallel(num_threads=num_threads):
                 _note_team()
-                tid = threadid()
-                if _forward_items(x, wt, bptr, out, &j, _share_start(Q, tid), _share_start(Q, tid + 1)):
+                if _forward_items(x, wt, bptr, out, &j, Q, &team):
                     fail[0] = 1
     _job_free(&j)
     free(wt)

@@ -117,7 +117,8 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     cdef value_t* caps = NULL
     cdef int32_t* kcol = NULL
     cdef Py_ssize_t n_caps
-    cdef int tid
+    cdef Py_ssize_t start, end, B
+    cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
@@ -178,12 +179,17 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
             failed[0] = _pool_planes(x, out, indices, with_indices, low_row, kcol, caps,
                                      &g, scalar_only, 0, P)
     else:
+        B = _claim_block(P, num_threads)
+        _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
             _note_team()
-            tid = threadid()
-            if _pool_planes(x, out, indices, with_indices, low_row, kcol, caps, &g, scalar_only,
-                            _share_start(P, tid), _share_start(P, tid + 1)):
-                fail[0] = 1
+            end = -1
+            start = _claim(&team, P, B, &end)
+            while start < P:
+                if _pool_planes(x, out, indices, with_indices, low_row, kcol, caps, &g,
+                                scalar_only, start, end):
+                    fail[0] = 1
+                start = _claim(&team, P, B, &end)
     free(low_row)
     if failed[0]:
         raise MemoryError("cypool.max_pool2d: out of memory for per-thread buffers")

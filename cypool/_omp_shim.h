@@ -13,4 +13,62 @@ static inline int omp_get_max_threads(void) { return 1; }
 static inline int omp_get_thread_num(void) { return 0; }
 static inline int omp_get_num_threads(void) { return 1; }
 #endif
+
+/* The kernels' thread teams (_common.pxi, _claim). */
+#include <stdint.h>
+#include <time.h>
+
+/* Claim n work items from a call's shared counter; returns the first. */
+static inline Py_ssize_t cypool_claim(Py_ssize_t* next, Py_ssize_t n) {
+    return __atomic_fetch_add(next, n, __ATOMIC_RELAXED);
+}
+
+static inline int64_t cypool_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* A team thread that starts this late after its region opened found its
+ * core taken: by another library's threads still spinning (OpenBLAS's for
+ * about 0.1 s after a product), by another program, or (on a virtual
+ * machine) by a sleeping virtual CPU's wake-up. The region's end waits for
+ * it, however little work it takes, so for a spell after such a start the
+ * kernels run on the calling thread alone (cypool_crowded;
+ * _backend.threads_for). The spell starts at 10 ms and doubles, up to
+ * 160 ms, each time a team thread is late again within a spell's length
+ * of the last one ending: a one-off late wake-up costs 10 ms of serial
+ * calls, a library spinning for 0.1 s costs two or three late starts.
+ * Woken from sleep, a team thread starts within about 0.1 ms on a quiet
+ * machine; the stalls measured were 4-8 ms, a scheduler time slice
+ * (docs/performance.md, "Inside real programs"). */
+#define CYPOOL_LATE_NS 1000000
+#define CYPOOL_SPELL_MIN_NS 10000000
+#define CYPOOL_SPELL_MAX_NS 160000000
+static int64_t cypool_crowded_until_ns;
+static int64_t cypool_spell_ns = CYPOOL_SPELL_MIN_NS;
+
+static inline void cypool_note_start(int64_t opened_ns) {
+    int64_t now = cypool_now_ns(), until, spell;
+    if (now - opened_ns <= CYPOOL_LATE_NS)
+        return;
+    until = __atomic_load_n(&cypool_crowded_until_ns, __ATOMIC_RELAXED);
+    spell = __atomic_load_n(&cypool_spell_ns, __ATOMIC_RELAXED);
+    if (now - until < spell)
+        spell = 2 * spell < CYPOOL_SPELL_MAX_NS ? 2 * spell : CYPOOL_SPELL_MAX_NS;
+    else
+        spell = CYPOOL_SPELL_MIN_NS;
+    __atomic_store_n(&cypool_spell_ns, spell, __ATOMIC_RELAXED);
+    __atomic_store_n(&cypool_crowded_until_ns, now + spell, __ATOMIC_RELAXED);
+}
+
+static inline int cypool_crowded(void) {
+    return cypool_now_ns() < __atomic_load_n(&cypool_crowded_until_ns, __ATOMIC_RELAXED);
+}
+
+static inline void cypool_set_crowded(int on) {
+    __atomic_store_n(&cypool_spell_ns, (int64_t)CYPOOL_SPELL_MIN_NS, __ATOMIC_RELAXED);
+    __atomic_store_n(&cypool_crowded_until_ns, on ? cypool_now_ns() + CYPOOL_SPELL_MIN_NS : 0,
+                     __ATOMIC_RELAXED);
+}
 #endif

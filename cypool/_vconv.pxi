@@ -196,6 +196,8 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     cdef floating* zero
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef int tid
+    cdef Py_ssize_t start, end, B
+    cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
@@ -219,12 +221,16 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
                                min(g.E, 48 * _share_start(e_units, tid + 1))):
                 fail[0] = 1
     else:
+        B = _claim_block(P, num_threads)
+        _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
             _note_team()
-            tid = threadid()
-            if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk,
-                               _share_start(P, tid), _share_start(P, tid + 1), 0, g.E):
-                fail[0] = 1
+            end = -1
+            start = _claim(&team, P, B, &end)
+            while start < P:
+                if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, start, end, 0, g.E):
+                    fail[0] = 1
+                start = _claim(&team, P, B, &end)
     free(zero)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d: out of memory")
@@ -297,7 +303,8 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
     independent. E is swept in chunks, as in the forward."""
     cdef ConvGeom g
     cdef Py_ssize_t P
-    cdef int tid
+    cdef Py_ssize_t start, end, B
+    cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
@@ -309,12 +316,16 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
         with nogil:
             failed[0] = _input_grad_pixels(gout, w2, gx, &g, e_chunk, 0, P)
     else:
+        B = _claim_block(P, num_threads)
+        _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
             _note_team()
-            tid = threadid()
-            if _input_grad_pixels(gout, w2, gx, &g, e_chunk,
-                                  _share_start(P, tid), _share_start(P, tid + 1)):
-                fail[0] = 1
+            end = -1
+            start = _claim(&team, P, B, &end)
+            while start < P:
+                if _input_grad_pixels(gout, w2, gx, &g, e_chunk, start, end):
+                    fail[0] = 1
+                start = _claim(&team, P, B, &end)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d_backward: out of memory")
 

@@ -11,6 +11,17 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture(autouse=True)
+def uncrowded():
+    """Every test starts outside a crowded spell (_backend.threads_for), so
+    that a late thread in an earlier test, on a loaded machine, does not
+    put its threaded calls on one thread. Tests that assert a team size
+    call kernels.set_crowded(False) again right before the call."""
+    from cypool._backend import kernels
+
+    kernels.set_crowded(False)
+
+
 @pytest.fixture
 def set_streams(monkeypatch):
     """set_streams(flag): make max_pool2d stream its indices (True) or store
