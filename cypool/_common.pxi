@@ -168,8 +168,9 @@ def crowded():
 
 
 def set_crowded(bint on):
-    """Diagnostic for tests and benches: start (True) or end (False) a
-    crowded spell now, the spell's length back at its shortest."""
+    """Diagnostic for tests and benches: start a crowded spell of the
+    longest length now (True), or end it (False); either way the next
+    spell's length starts at its shortest."""
     cypool_set_crowded(on)
 
 

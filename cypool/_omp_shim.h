@@ -68,7 +68,7 @@ static inline int cypool_crowded(void) {
 
 static inline void cypool_set_crowded(int on) {
     __atomic_store_n(&cypool_spell_ns, (int64_t)CYPOOL_SPELL_MIN_NS, __ATOMIC_RELAXED);
-    __atomic_store_n(&cypool_crowded_until_ns, on ? cypool_now_ns() + CYPOOL_SPELL_MIN_NS : 0,
+    __atomic_store_n(&cypool_crowded_until_ns, on ? cypool_now_ns() + CYPOOL_SPELL_MAX_NS : 0,
                      __ATOMIC_RELAXED);
 }
 #endif

@@ -56,8 +56,9 @@ def test_a_crowded_spell_runs_calls_on_the_calling_thread(rng):
         assert kernels.crowded()
         got = call()
         assert kernels.last_team_size() == 1
-        for a, b in zip(np.atleast_1d(got) if isinstance(got, tuple) else [got],
-                        expected if isinstance(expected, tuple) else [expected]):
+        got, expected = ((got, expected) if isinstance(got, tuple) else ((got,), (expected,)))
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)
     kernels.set_crowded(False)
     assert not kernels.crowded()
