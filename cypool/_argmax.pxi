@@ -138,6 +138,7 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
                     coords[p, 0] = <index_t>(where // W)
                     coords[p, 1] = <index_t>(where % W)
                 start = _claim(&team, P, B, &end)
+        _team_end(&team)
         return
     seg_len = (n + segments - 1) // segments
     sval = <value_t*>malloc(T * sizeof(value_t))
@@ -161,6 +162,7 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
                 else:
                     swhere[t] = -1
             start = _claim(&team, T, B, &end)
+    _team_end(&team)
     with nogil:
         for p in range(P):
             b = sval[p * segments]

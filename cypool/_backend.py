@@ -194,9 +194,9 @@ def threads_for(requested: int, work: int, items: int) -> int:
         return 1
     n = requested if requested > 0 else kernels.max_threads()
     if n > 1 and kernels.crowded():
-        # A team thread of a recent call started late, its core taken by
-        # other threads (another library's spinning pool, another program):
-        # a team would wait for such a thread at its region's end, for up
+        # A team thread of a recent call started late or was held up
+        # mid-call, its core taken by other threads (another library's
+        # spinning pool, another program): a team would wait for such a thread at its region's end, for up
         # to a scheduler time slice, where the calling thread alone takes
         # at most the serial time. The spell lasts 10-160 ms (_omp_shim.h;
         # docs/performance.md, "Inside real programs").

@@ -19,6 +19,7 @@ cdef extern from "_omp_shim.h" nogil:
     Py_ssize_t cypool_claim(Py_ssize_t* next, Py_ssize_t n)
     int64_t cypool_now_ns()
     void cypool_note_start(int64_t opened_ns)
+    void cypool_note_end(int64_t opened_ns, int64_t done_ns)
     int cypool_crowded()
     void cypool_set_crowded(int on)
 
@@ -121,12 +122,20 @@ cdef struct Team:
     # One parallel call's shared state.
     Py_ssize_t next     # the next unclaimed work item
     int64_t opened_ns   # when the calling thread opened the region
+    int64_t done_ns     # when the calling thread found no work left (0 before)
 
 
 cdef inline void _team_begin(Team* team) noexcept nogil:
     """Ready team for a parallel region: call right before opening it."""
     team.next = 0
     team.opened_ns = cypool_now_ns()
+    team.done_ns = 0
+
+
+cdef inline void _team_end(Team* team) noexcept nogil:
+    """Call right after the region: whether the calling thread waited long
+    for the others at its end (cypool_note_end)."""
+    cypool_note_end(team.opened_ns, team.done_ns)
 
 
 cdef inline Py_ssize_t _claim(Team* team, Py_ssize_t Q, Py_ssize_t B,
@@ -142,20 +151,26 @@ cdef inline Py_ssize_t _claim(Team* team, Py_ssize_t Q, Py_ssize_t B,
     another library's threads still spin (OpenBLAS for about 0.1 s after
     a product) or a neighbour takes a core, a static share waits for its
     slowest thread, while claimed blocks go to the threads that run. A
-    team thread's first claim also tells whether it started late
-    (cypool_note_start): then the next calls run serial for a while
-    (docs/performance.md, "Inside real programs")."""
+    team thread's first claim tells whether it started late
+    (cypool_note_start), and _team_end whether the calling thread waited
+    long for a thread preempted mid-block (cypool_note_end): either
+    starts a crowded spell, in which calls run serial (docs/performance.md,
+    "Inside real programs")."""
     cdef Py_ssize_t start
     cdef int t = omp_get_thread_num()
     if end[0] < 0 and t != 0:
         cypool_note_start(team.opened_ns)
     if not _claiming:
         if end[0] >= 0:
-            return Q
-        end[0] = _share_start(Q, t + 1)
-        return _share_start(Q, t)
-    start = cypool_claim(&team.next, B)
-    end[0] = start + B if start + B < Q else Q
+            start = Q
+        else:
+            end[0] = _share_start(Q, t + 1)
+            start = _share_start(Q, t)
+    else:
+        start = cypool_claim(&team.next, B)
+        end[0] = start + B if start + B < Q else Q
+    if t == 0 and start >= Q:
+        team.done_ns = cypool_now_ns()
     return start
 
 

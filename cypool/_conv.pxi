@@ -311,6 +311,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
                 _note_team()
                 if _forward_items(x, wt, bptr, out, &j, Q, &team):
                     fail[0] = 1
+            _team_end(&team)
     _job_free(&j)
     free(wt)
     if failed[0] or wt == NULL:

@@ -190,6 +190,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
                                 scalar_only, start, end):
                     fail[0] = 1
                 start = _claim(&team, P, B, &end)
+        _team_end(&team)
     free(low_row)
     if failed[0]:
         raise MemoryError("cypool.max_pool2d: out of memory for per-thread buffers")

@@ -35,7 +35,9 @@ static inline int64_t cypool_now_ns(void) {
  * machine) by a sleeping virtual CPU's wake-up. The region's end waits for
  * it, however little work it takes, so for a spell after such a start the
  * kernels run on the calling thread alone (cypool_crowded;
- * _backend.threads_for). The spell starts at 10 ms and doubles, up to
+ * _backend.threads_for). A thread preempted in the middle of its work
+ * holds the region's end the same way, and the calling thread's wait there
+ * starts a spell too (cypool_note_end). The spell starts at 10 ms and doubles, up to
  * 160 ms, each time a team thread is late again within a spell's length
  * of the last one ending: a one-off late wake-up costs 10 ms of serial
  * calls, a library spinning for 0.1 s costs two or three late starts.
@@ -48,18 +50,33 @@ static inline int64_t cypool_now_ns(void) {
 static int64_t cypool_crowded_until_ns;
 static int64_t cypool_spell_ns = CYPOOL_SPELL_MIN_NS;
 
-static inline void cypool_note_start(int64_t opened_ns) {
-    int64_t now = cypool_now_ns(), until, spell;
-    if (now - opened_ns <= CYPOOL_LATE_NS)
-        return;
-    until = __atomic_load_n(&cypool_crowded_until_ns, __ATOMIC_RELAXED);
-    spell = __atomic_load_n(&cypool_spell_ns, __ATOMIC_RELAXED);
+static inline void cypool_note_late(int64_t now) {
+    int64_t until = __atomic_load_n(&cypool_crowded_until_ns, __ATOMIC_RELAXED);
+    int64_t spell = __atomic_load_n(&cypool_spell_ns, __ATOMIC_RELAXED);
     if (now - until < spell)
         spell = 2 * spell < CYPOOL_SPELL_MAX_NS ? 2 * spell : CYPOOL_SPELL_MAX_NS;
     else
         spell = CYPOOL_SPELL_MIN_NS;
     __atomic_store_n(&cypool_spell_ns, spell, __ATOMIC_RELAXED);
     __atomic_store_n(&cypool_crowded_until_ns, now + spell, __ATOMIC_RELAXED);
+}
+
+/* A team thread's first claim, opened_ns after its region opened. */
+static inline void cypool_note_start(int64_t opened_ns) {
+    int64_t now = cypool_now_ns();
+    if (now - opened_ns > CYPOOL_LATE_NS)
+        cypool_note_late(now);
+}
+
+/* The region's end: the calling thread found no work left at done_ns and
+ * has waited since for the others. A thread preempted in the middle of its
+ * block (it started on time) shows here: a wait longer than
+ * CYPOOL_LATE_NS and than a quarter of the calling thread's working time
+ * (with about eight blocks a thread, more than a block's time). */
+static inline void cypool_note_end(int64_t opened_ns, int64_t done_ns) {
+    int64_t now = cypool_now_ns();
+    if (done_ns > 0 && now - done_ns > CYPOOL_LATE_NS && 4 * (now - done_ns) > done_ns - opened_ns)
+        cypool_note_late(now);
 }
 
 static inline int cypool_crowded(void) {

@@ -231,6 +231,7 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
                 if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, start, end, 0, g.E):
                     fail[0] = 1
                 start = _claim(&team, P, B, &end)
+        _team_end(&team)
     free(zero)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d: out of memory")
@@ -326,6 +327,7 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
                 if _input_grad_pixels(gout, w2, gx, &g, e_chunk, start, end):
                     fail[0] = 1
                 start = _claim(&team, P, B, &end)
+        _team_end(&team)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d_backward: out of memory")
 
