@@ -17,7 +17,7 @@ after one of these preludes, in a random order, the peers in turn:
   a crowded spell: see cypool._backend.threads_for);
 * after matmul: one 768 x 768 float32 numpy product;
 * after the other library: three calls of the other peer's kernel (torch's
-  for cypool, cypool's for torch);
+  for cypool, cypool's for torch; without torch installed, a matmul);
 * after the other, paused: the same, then a 150 ms sleep (the script of the
   report that the strided convolution stalled at 8 ms a call after torch).
 
