@@ -170,6 +170,11 @@ DIRECTIVES = {
     "cdivision": True,
     "nonecheck": False,
     "embedsignature": True,
+    # A free-threaded Python keeps its GIL off when it imports the kernels.
+    # Their shared state is safe under true parallelism: the repeat memo
+    # (_conv_memo.pxi) behind a mutex, the team record per thread, the
+    # crowded-spell clock in atomics (_omp_shim.h); CONTRIBUTING.md, "Threads".
+    "freethreading_compatible": True,
 }
 if DEBUG:
     DIRECTIVES.update(boundscheck=True, wraparound=True, initializedcheck=True)

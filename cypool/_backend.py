@@ -184,24 +184,35 @@ def streams(kept: int, write_once: int) -> bool:
 SERIAL_BELOW = 1 << 16
 
 
-def threads_for(requested: int, work: int, items: int) -> int:
-    """Thread count for a kernel call.
+def parts_for(requested: int, work: int, items: int) -> int:
+    """The thread count a kernel call is meant for, outside a crowded spell.
 
     requested: 0 for OpenMP's default, else the caller's num_threads.
     work: elements the call reads and writes; items: independent work items.
+    The kernels that sum per thread (the weight gradients) cut their work
+    into this many parts, each summed on its own, whatever team runs them:
+    their result is the same for the same thread count, crowded or not.
     """
     if work < SERIAL_BELOW or items <= 1:
         return 1
     n = requested if requested > 0 else kernels.max_threads()
-    if n > 1 and kernels.crowded():
-        # A team thread of a recent call started late or was held up
-        # mid-call, its core taken by other threads (another library's
-        # spinning pool, another program): a team would wait for such a thread at its region's end, for up
-        # to a scheduler time slice, where the calling thread alone takes
-        # at most the serial time. The spell lasts 10-160 ms (_omp_shim.h;
-        # docs/performance.md, "Inside real programs").
-        return 1
     return max(1, min(n, items))
+
+
+def team_for(parts: int) -> int:
+    """The team that runs a call of `parts` parts now: the calling thread
+    alone during a crowded spell. A team thread of a recent call started
+    late or was held up mid-call, its core taken by other threads (another
+    library's spinning pool, another program): a team would wait for such a
+    thread at its region's end, for up to a scheduler time slice, where the
+    calling thread alone takes at most the serial time. The spell lasts
+    10-160 ms (_omp_shim.h; docs/performance.md, "Inside real programs")."""
+    return 1 if parts > 1 and kernels.crowded() else parts
+
+
+def threads_for(requested: int, work: int, items: int) -> int:
+    """Thread count for a kernel call (parts_for's, then team_for's)."""
+    return team_for(parts_for(requested, work, items))
 
 
 def work(macs: int, touched: int) -> int:

@@ -22,6 +22,8 @@ cdef extern from "_omp_shim.h" nogil:
     void cypool_note_end(int64_t opened_ns, int64_t done_ns)
     int cypool_crowded()
     void cypool_set_crowded(int on)
+    void cypool_set_last_team(int n)
+    int cypool_get_last_team()
 
 ctypedef fused value_t:
     float
@@ -74,7 +76,6 @@ cdef inline value_t _highest(value_t* like) noexcept nogil:
         return INT64_MAX
 
 
-cdef int _last_team = 1
 # Whether parallel kernels claim their work a block at a time (_claim);
 # False splits it as schedule="static" would. For A/B measurement only
 # (set_claiming): the kernels always claim.
@@ -92,24 +93,27 @@ def set_claiming(bint on):
 cdef inline void _note_team() noexcept nogil:
     """Record the size of the running OpenMP team (called from parallel loop
     bodies), so tests can check what a kernel really ran on."""
-    global _last_team
     if omp_get_thread_num() == 0:
-        _last_team = omp_get_num_threads()
+        cypool_set_last_team(omp_get_num_threads())
 
 
 cdef inline void _set_serial_team() noexcept nogil:
     """Record a serial call (no parallel region) for last_team_size()."""
-    global _last_team
-    _last_team = 1
+    cypool_set_last_team(1)
+
+
+cdef inline Py_ssize_t _part_start(Py_ssize_t Q, Py_ssize_t s, Py_ssize_t S) noexcept nogil:
+    """Where part s of Q work items cut into S contiguous parts starts (part
+    s ends where part s + 1 starts)."""
+    return Q * s // S
 
 
 cdef inline Py_ssize_t _share_start(Py_ssize_t Q, int t) noexcept nogil:
-    """Where thread t's contiguous share of Q work items starts (share t
-    ends where share t + 1 starts), as schedule="static" would split them:
-    for the kernels whose threads keep per-thread sums, and for _claim's
-    A/B switch. Assign the result in the parallel block, so that Cython
-    makes the variable private to the thread."""
-    return Q * t // omp_get_num_threads()
+    """Where thread t's contiguous share of Q work items starts, as
+    schedule="static" would split them: for _claim's A/B switch. Assign the
+    result in the parallel block, so that Cython makes the variable private
+    to the thread."""
+    return _part_start(Q, t, omp_get_num_threads())
 
 
 cdef inline Py_ssize_t _claim_block(Py_ssize_t Q, int threads) noexcept nogil:
@@ -190,11 +194,9 @@ def set_crowded(bint on):
 
 
 def last_team_size():
-    """Threads the last parallel kernel call ran on (1 for a serial call).
-
-    Diagnostic for tests; not meaningful while several Python threads call
-    kernels at once."""
-    return _last_team
+    """Threads the calling thread's last kernel call ran on (1 for a serial
+    call). Diagnostic for tests; each Python thread has its own."""
+    return cypool_get_last_team()
 
 
 def openmp_info():

@@ -488,21 +488,24 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
                        floating[::1] grad_b,               # OUT (O,)
                        Py_ssize_t plh, Py_ssize_t plw, Py_ssize_t Hp, Py_ssize_t Wp,
                        Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                       Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int num_threads):
+                       Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int parts, int num_threads):
     """grad_w[o, k] = sum over images and output positions of
     grad_out[n, o, oh, ow] * (tap k of (oh, ow)); grad_b[o] = the sum of
-    grad_out[:, o]. Each thread sums its contiguous share of the work into
-    partial sums of its own, which are then added in thread order: the
-    result is the same run to run for a thread count."""
+    grad_out[:, o]. The work is cut into `parts` contiguous parts, each
+    summed into partial sums of its own, which are then added in part
+    order: the result depends on the number of parts, never on the team.
+    num_threads (at most parts) threads claim the parts; one thread runs
+    them all in turn."""
     cdef ConvJob j
-    cdef Py_ssize_t Q, O = gout.shape[1], K = x.shape[1] * kh * kw, Op, part, o, k, t
-    cdef int tid, T = num_threads
+    cdef Team team
+    cdef Py_ssize_t Q, O = gout.shape[1], K = x.shape[1] * kh * kw, Op, part, o, k, t, s, end
+    cdef int S = parts, T = min(num_threads, parts)
     cdef floating* partial
     cdef int[1] failed
     cdef int* fail = &failed[0]
     Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
-    part = O * K + O  # a thread's partial sums: (O, K) weights, then O biases
-    partial = <floating*>calloc(T * part, sizeof(floating))
+    part = O * K + O  # a part's sums: (O, K) weights, then O biases
+    partial = <floating*>calloc(S * part, sizeof(floating))
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], 1, 1, plh, plw, Hp, Wp, sh, sw)
     failed[0] = _job(&j, K, O, Op, gout.shape[2], gout.shape[3], ce, kh, kw, dh, dw)
     Q = x.shape[0] * j.G
@@ -510,20 +513,32 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
         if T == 1:
             _set_serial_team()
             with nogil:
-                failed[0] = _weight_grad_items(gout, x, partial, partial + O * K, &j, 0, Q)
+                for s in range(S):
+                    if _weight_grad_items(gout, x, partial + s * part, partial + s * part + O * K,
+                                          &j, _part_start(Q, s, S), _part_start(Q, s + 1, S)):
+                        failed[0] = 1
+                        break
         else:
+            _team_begin(&team)
             with nogil, parallel(num_threads=T):
                 _note_team()
-                tid = threadid()
-                if _weight_grad_items(gout, x, partial + tid * part, partial + tid * part + O * K,
-                                      &j, _share_start(Q, tid), _share_start(Q, tid + 1)):
-                    fail[0] = 1
+                end = -1
+                s = _claim(&team, S, 1, &end)
+                while s < S:
+                    while s < end:  # one part, or a static share of them (set_claiming)
+                        if _weight_grad_items(gout, x, partial + s * part,
+                                              partial + s * part + O * K, &j,
+                                              _part_start(Q, s, S), _part_start(Q, s + 1, S)):
+                            fail[0] = 1
+                        s = s + 1
+                    s = _claim(&team, S, 1, &end)
+            _team_end(&team)
         if not failed[0]:
             for o in range(O):
                 for k in range(K):
                     grad_w[o, k] = partial[o * K + k]
                 grad_b[o] = partial[O * K + o]
-            for t in range(1, T):  # in thread order (a thread that got no team slot added zeros)
+            for t in range(1, S):  # in part order
                 for o in range(O):
                     for k in range(K):
                         grad_w[o, k] += partial[t * part + o * K + k]

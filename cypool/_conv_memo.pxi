@@ -13,6 +13,14 @@
 # path (these functions return None), which checks it, raises for bad
 # input, or remembers it. Nothing is decided here that the Python checks
 # did not decide for the same arguments.
+#
+# Threads: the slots are shared by every thread of the process. One mutex
+# (_memo_lock) guards them: a lookup finds a slot and copies it, with its
+# numpy.empty arguments, under the lock; remembering writes a slot under
+# it. The kernels then run on the copy, without the lock. With the GIL the
+# lock is never contended; on a free-threaded Python it keeps a reader from
+# seeing a slot half rewritten.
+cimport cython
 from cpython.buffer cimport PyBUF_FORMAT
 from cpython.long cimport PyLong_AsLongAndOverflow
 from libc.string cimport strcmp
@@ -43,6 +51,7 @@ cdef int _memo_next[_FAMILIES]
 # Per slot: (output shape, x's shape, weight's shape, (O,), dtype), the
 # arguments of numpy.empty for the arrays a call returns.
 _memo_objects = [[None] * _MEMO_SLOTS for _ in range(_FAMILIES)]
+cdef cython.pymutex _memo_lock
 
 
 cdef bint _plain_int(object v, long* out):
@@ -97,24 +106,31 @@ cdef bint _is_shape(const Py_buffer* v, int nd, const Py_ssize_t* shape, char fm
     return True
 
 
-cdef int _lookup(int family, x, weight, stride, padding, dilation, num_threads,
-                 Py_buffer* v, bint* held) except -2:
-    """The slot that this call repeats, or -1; v[0] and v[1] hold x's and the
-    weight's buffers where held says so."""
+cdef object _lookup(int family, x, weight, stride, padding, dilation, num_threads,
+                    Py_buffer* v, bint* held, Memo* m):
+    """The numpy.empty arguments of the remembered call that this call
+    repeats, with the slot copied into m[0]; None if it repeats none. v[0]
+    and v[1] hold x's and the weight's buffers where held says so."""
     cdef long s, p, d, nt
+    cdef int i
     if not 0 <= family < _FAMILIES:
         raise ValueError(f"no memo family {family}")
     if (type(x) is not _ndarray or type(weight) is not _ndarray
             or not _plain_int(stride, &s) or not _plain_int(padding, &p)
             or not _plain_int(dilation, &d)):
-        return -1
+        return None
     if num_threads is not None and not (_plain_int(num_threads, &nt) and nt >= 1):
-        return -1
+        return None
     PyObject_GetBuffer(x, &v[0], PyBUF_STRIDES | PyBUF_FORMAT)
     held[0] = True
     PyObject_GetBuffer(weight, &v[1], PyBUF_STRIDES | PyBUF_FORMAT)
     held[1] = True
-    return _find(family, &v[0], &v[1], s, p, d)
+    with _memo_lock:
+        i = _find(family, &v[0], &v[1], s, p, d)
+        if i < 0:
+            return None
+        m[0] = _memo[family][i]
+        return _memo_objects[family][i]
 
 
 cdef void _release(Py_buffer* v, bint* held, int n) noexcept:
@@ -154,28 +170,29 @@ def memo_remember(int family, x, weight, stride, padding, dilation, tuple out_sh
         got += 1
         if _format(&vx) == 0 or _format(&vw) != _format(&vx) or vx.ndim > 5 or vw.ndim != 4:
             return
-        if _find(family, &vx, &vw, s, p, d) >= 0:
-            return
-        i = _memo_next[family]
-        _memo_next[family] = (i + 1) % _MEMO_SLOTS
-        m = &_memo[family][i]
-        m.used = False  # until it is whole
-        m.xnd = vx.ndim
-        m.ond = len(out_shape)
-        for k in range(vx.ndim):
-            m.xshape[k] = vx.shape[k]
-        for k in range(4):
-            m.wshape[k] = vw.shape[k]
-        for k in range(m.ond):
-            m.oshape[k] = out_shape[k]
-        for k in range(6):
-            m.args[k] = direct[k]
-        m.fmt = _format(&vx)
-        m.stride, m.padding, m.dilation = s, p, d
-        m.batched = batched
-        _memo_objects[family][i] = (out_shape, tuple(x.shape), tuple(weight.shape),
-                                    (weight.shape[0],), dtype)
-        m.used = True
+        shapes = (out_shape, tuple(x.shape), tuple(weight.shape), (weight.shape[0],), dtype)
+        with _memo_lock:
+            if _find(family, &vx, &vw, s, p, d) >= 0:
+                return
+            i = _memo_next[family]
+            _memo_next[family] = (i + 1) % _MEMO_SLOTS
+            m = &_memo[family][i]
+            m.used = False  # until it is whole
+            m.xnd = vx.ndim
+            m.ond = len(out_shape)
+            for k in range(vx.ndim):
+                m.xshape[k] = vx.shape[k]
+            for k in range(4):
+                m.wshape[k] = vw.shape[k]
+            for k in range(m.ond):
+                m.oshape[k] = out_shape[k]
+            for k in range(6):
+                m.args[k] = direct[k]
+            m.fmt = _format(&vx)
+            m.stride, m.padding, m.dilation = s, p, d
+            m.batched = batched
+            _memo_objects[family][i] = shapes
+            m.used = True
     finally:
         if got > 1:
             PyBuffer_Release(&vw)
@@ -186,11 +203,12 @@ def memo_remember(int family, x, weight, stride, padding, dilation, tuple out_sh
 def memo_forget():
     """Forget every remembered call (for tests that change the rules)."""
     cdef int f, i
-    for f in range(_FAMILIES):
-        for i in range(_MEMO_SLOTS):
-            _memo[f][i].used = False
-            _memo_objects[f][i] = None
-        _memo_next[f] = 0
+    with _memo_lock:
+        for f in range(_FAMILIES):
+            for i in range(_MEMO_SLOTS):
+                _memo[f][i].used = False
+                _memo_objects[f][i] = None
+            _memo_next[f] = 0
 
 
 def memo_forward(int family, x, weight, bias, stride, padding, dilation, num_threads):
@@ -198,16 +216,16 @@ def memo_forward(int family, x, weight, bias, stride, padding, dilation, num_thr
     cdef Py_buffer v[4]
     cdef bint held[4]
     cdef Arr a[4]
-    cdef int i, failed = 0
+    cdef int failed = 0
     cdef bint has_bias = bias is not None
-    cdef Memo m  # a copy: numpy.empty may run Python code that remembers other calls
+    cdef Memo m  # a copy: numpy.empty may run Python code that remembers other calls,
+                 # and other threads may rewrite the slot
     held[:] = [False, False, False, False]
     a[2].shape[0] = 0  # no bias
     try:
-        i = _lookup(family, x, weight, stride, padding, dilation, num_threads, v, held)
-        if i < 0:
+        shapes = _lookup(family, x, weight, stride, padding, dilation, num_threads, v, held, &m)
+        if shapes is None:
             return None
-        m = _memo[family][i]
         if has_bias:
             if type(bias) is not _ndarray:
                 return None
@@ -216,7 +234,6 @@ def memo_forward(int family, x, weight, bias, stride, padding, dilation, num_thr
                     or (v[2].strides[0] != v[2].itemsize and m.wshape[0] > 1)):
                 return None
             _as_arr(&v[2], &a[2], True)
-        shapes = _memo_objects[family][i]
         out = _empty(shapes[0], shapes[4])
         _take(out, &v[3], &held[3], True)
         _as_arr(&v[0], &a[0], m.batched)
@@ -243,18 +260,16 @@ def memo_backward(int family, grad_output, x, weight, stride, padding, dilation,
     cdef Py_buffer v[6]
     cdef bint held[6]
     cdef Arr a[6]
-    cdef int i, failed = 0
+    cdef int failed = 0
     cdef Memo m  # a copy, as in memo_forward
     held[:] = [False, False, False, False, False, False]
     try:
-        i = _lookup(family, x, weight, stride, padding, dilation, num_threads, v, held)
-        if i < 0 or type(grad_output) is not _ndarray:
+        shapes = _lookup(family, x, weight, stride, padding, dilation, num_threads, v, held, &m)
+        if shapes is None or type(grad_output) is not _ndarray:
             return None
-        m = _memo[family][i]
         _take(grad_output, &v[2], &held[2], False)
         if not _is_shape(&v[2], m.ond, &m.oshape[0], m.fmt):
             return None
-        shapes = _memo_objects[family][i]
         gx = _empty(shapes[1], shapes[4]) if needs_input_grad else None
         gw = _empty(shapes[2], shapes[4]) if needs_weight_grad else None
         gb = _empty(shapes[3], shapes[4])

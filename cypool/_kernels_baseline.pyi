@@ -34,7 +34,7 @@ def vector_conv2d_input_grad(
 ) -> None: ...
 def vector_conv2d_weight_grad(
     gout: NDArray, x: NDArray, partial: NDArray,
-    kh: int, kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int,
+    kh: int, kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int, num_threads: int,
 ) -> None: ...
 def channel_block() -> int: ...
 def conv2d_forward(
@@ -43,7 +43,7 @@ def conv2d_forward(
 ) -> None: ...
 def conv2d_weight_grad(
     gout: NDArray, x: NDArray, grad_w: NDArray, grad_b: NDArray, plh: int, plw: int, Hp: int, Wp: int,
-    kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ce: int, num_threads: int,
+    kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ce: int, parts: int, num_threads: int,
 ) -> None: ...
 def conv2d_input_grad_col2im(
     gout: NDArray, w: NDArray, gx: NDArray, ph: int, pw: int, sh: int, sw: int, dh: int, dw: int,

@@ -18,6 +18,18 @@ static inline int omp_get_num_threads(void) { return 1; }
 #include <stdint.h>
 #include <time.h>
 
+/* The team size of the calling thread's last kernel call, for tests
+ * (last_team_size). A team's thread 0 is the thread that called, so one
+ * variable per thread keeps each Python thread's own answer when several
+ * call kernels at once. */
+#ifdef _MSC_VER
+static __declspec(thread) int cypool_last_team = 1;
+#else
+static __thread int cypool_last_team = 1;
+#endif
+static inline void cypool_set_last_team(int n) { cypool_last_team = n; }
+static inline int cypool_get_last_team(void) { return cypool_last_team; }
+
 /* Claim n work items from a call's shared counter; returns the first. */
 static inline Py_ssize_t cypool_claim(Py_ssize_t* next, Py_ssize_t n) {
     return __atomic_fetch_add(next, n, __ATOMIC_RELAXED);

@@ -371,15 +371,18 @@ def vector_conv2d_weight_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O
                               const floating[:, :, :, :, ::1] x,     # IN  (N, C, H, W, E)
                               floating[:, :, ::1] partial,          # OUT (threads, O, K), zeroed by the caller
                               Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                              Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw):
-    """partial[t, o, k] = this thread's share of sum over pixels and E of
-    grad_out[n, o, oh, ow, :] . x_tap_k[:]; the caller adds the partials in
-    thread order. Runs on partial.shape[0] threads, each on a contiguous
-    share of the pixels, so the split (and the result) is fixed for a
-    thread count."""
+                              Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw,
+                              int num_threads):
+    """partial[s, o, k] = part s of the sum over pixels and E of
+    grad_out[n, o, oh, ow, :] . x_tap_k[:], the pixels cut into
+    partial.shape[0] contiguous parts; the caller adds the partials in part
+    order, so the result depends on the number of parts, never on the
+    team. num_threads (at most the parts) threads claim the parts; one
+    thread runs them all in turn."""
     cdef ConvGeom g
-    cdef Py_ssize_t K = partial.shape[2], P
-    cdef int T = partial.shape[0], tid
+    cdef Team team
+    cdef Py_ssize_t K = partial.shape[2], P, s, end
+    cdef int S = partial.shape[0], T = min(num_threads, partial.shape[0])
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
@@ -389,13 +392,24 @@ def vector_conv2d_weight_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O
     if T == 1:
         _set_serial_team()
         with nogil:
-            failed[0] = _weight_grad_pixels(gout, x, &partial[0, 0, 0], K, &g, 0, P)
+            for s in range(S):
+                if _weight_grad_pixels(gout, x, &partial[s, 0, 0], K, &g, _part_start(P, s, S),
+                                       _part_start(P, s + 1, S)):
+                    failed[0] = 1
+                    break
     else:
+        _team_begin(&team)
         with nogil, parallel(num_threads=T):
             _note_team()
-            tid = threadid()
-            if _weight_grad_pixels(gout, x, &partial[tid, 0, 0], K, &g,
-                                   _share_start(P, tid), _share_start(P, tid + 1)):
-                fail[0] = 1
+            end = -1
+            s = _claim(&team, S, 1, &end)
+            while s < S:
+                while s < end:  # one part, or a static share of them (set_claiming)
+                    if _weight_grad_pixels(gout, x, &partial[s, 0, 0], K, &g,
+                                           _part_start(P, s, S), _part_start(P, s + 1, S)):
+                        fail[0] = 1
+                    s = s + 1
+                s = _claim(&team, S, 1, &end)
+        _team_end(&team)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d_backward: out of memory")

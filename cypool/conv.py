@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _checks as chk
-from ._backend import SERIAL_BELOW, kernel, threads_for, work
+from ._backend import SERIAL_BELOW, kernel, parts_for, team_for, threads_for, work
 
 __all__ = ["conv2d", "conv2d_backward"]
 
@@ -130,11 +130,12 @@ def _pass(args: tuple, L: int, macs: int, touched: int, N: int) -> _Pass:
     return _Pass(args, L, macs, touched, _chunk(L, N, 1) if serial else 0)
 
 
-def _threads_and_chunk(p: _Pass, nt: int, N: int) -> tuple[int, int]:
-    """Threads for a pass, and its chunk length."""
+def _threads_and_chunk(p: _Pass, nt: int, N: int, count=threads_for) -> tuple[int, int]:
+    """Threads for a pass (count's answer: threads_for, or parts_for), and
+    its chunk length."""
     if p.serial_chunk:
         return 1, p.serial_chunk
-    threads = threads_for(nt, work(p.macs, p.touched), N * (p.L // _CHUNK_STEP + 1))
+    threads = count(nt, work(p.macs, p.touched), N * (p.L // _CHUNK_STEP + 1))
     return threads, _chunk(p.L, N, threads)
 
 
@@ -213,10 +214,12 @@ def weight_grad_into(gw, gb, gc, x4, weight, plan: _Plan, nt: int) -> None:
         direct_grads_into(gc, x4, weight, None, gw, gb, plan.direct)
         return
     p = plan.weight_grad
-    threads, ce = _threads_and_chunk(p, nt, x4.shape[0])
+    # Summed in parts, one a thread outside a crowded spell; the parts and
+    # the chunks, not the team, fix the result (_backend.parts_for).
+    parts, ce = _threads_and_chunk(p, nt, x4.shape[0], parts_for)
     # The chunk's im2col rows (ce x K values) stay in L2.
     ce = min(ce, max(_CHUNK_STEP, (1 << 17) // gw.shape[1] // _CHUNK_STEP * _CHUNK_STEP))
-    kernel("conv2d_weight_grad", x4.dtype)(gc, x4, gw, gb, *p.args, ce, threads)
+    kernel("conv2d_weight_grad", x4.dtype)(gc, x4, gw, gb, *p.args, ce, parts, team_for(parts))
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, num_threads=None):
@@ -294,8 +297,9 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     -------
     grad_x : ndarray like x (C-contiguous), or None
     grad_weight : ndarray like weight, or None
-        Summed per thread, the partial sums added in thread order: the same
-        run to run for a given thread count.
+        Summed in parts, one for each thread asked for (num_threads, or
+        OpenMP's default), added in part order: the same run to run for a
+        given thread count, whatever team ran the parts.
     grad_bias : ndarray, shape (O,)
         The sum of grad_output over the batch and positions.
     """

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _checks as chk
 from . import conv
-from ._backend import kernel, padded_columns, threads_for, work
+from ._backend import kernel, padded_columns, parts_for, team_for, threads_for, work
 
 __all__ = ["vector_conv2d", "vector_conv2d_backward"]
 
@@ -264,12 +264,14 @@ def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
         x5c = chk.contiguous(x5, dt)
-        threads = threads_for(nt, touched, N * OH * OW)
-        partial = np.zeros((threads, O, C * kh * kw), dtype=dt)
-        kernel("vector_conv2d_weight_grad", dt)(g5, x5c, partial, *geom)
+        # Summed in parts, one a thread outside a crowded spell: the parts,
+        # not the team, fix the result (_backend.parts_for).
+        parts = parts_for(nt, touched, N * OH * OW)
+        partial = np.zeros((parts, O, C * kh * kw), dtype=dt)
+        kernel("vector_conv2d_weight_grad", dt)(g5, x5c, partial, *geom, team_for(parts))
         grad_w = partial[0]
-        for t in range(1, threads):  # in thread order: deterministic
-            grad_w = grad_w + partial[t]
+        for s in range(1, parts):  # in part order: deterministic
+            grad_w = grad_w + partial[s]
         grad_w = grad_w.reshape(weight.shape)
     return grad_x, grad_w, grad_bias
 

@@ -25,6 +25,7 @@ def team_of(fn, *args, **kw):
     return kernels.last_team_size(), res
 
 
+@pytest.mark.thread_unsafe(reason="asserts the team a call ran on: calls on other threads start crowded spells, process-wide")
 def test_num_threads_is_what_the_kernel_runs_on(rng):
     if not openmp_built():
         pytest.skip("serial build")
@@ -38,6 +39,7 @@ def test_num_threads_is_what_the_kernel_runs_on(rng):
     assert team_of(cypool.vector_conv2d, xv, wv, num_threads=1)[0] == 1
 
 
+@pytest.mark.thread_unsafe(reason="asserts the team a call ran on: calls on other threads start crowded spells, process-wide")
 def test_a_crowded_spell_runs_calls_on_the_calling_thread(rng):
     # After a team thread started late (its core taken by another
     # library's spinning threads), threaded calls run serial for a while,
@@ -64,6 +66,7 @@ def test_a_crowded_spell_runs_calls_on_the_calling_thread(rng):
     assert not kernels.crowded()
 
 
+@pytest.mark.thread_unsafe(reason="set_claiming switches every thread's kernels")
 @pytest.mark.parametrize("claiming", [True, False])
 def test_claimed_and_static_shares_give_the_reference(rng, claiming):
     # The kernels claim blocks of work; the A/B switch splits it in equal
@@ -108,6 +111,7 @@ def test_small_calls_stay_on_one_thread(rng):
     assert module_for("max_pool2d_forward").last_team_size() == 1
 
 
+@pytest.mark.thread_unsafe(reason="threadpoolctl limits are process-wide")
 def test_threadpoolctl_limit_is_obeyed(rng):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     if not openmp_built():
@@ -123,6 +127,7 @@ def test_threadpoolctl_limit_is_obeyed(rng):
         assert team_of(cypool.max_pool2d, x, 2)[0] == 2
 
 
+@pytest.mark.thread_unsafe(reason="starts 8 threads of its own")
 def test_concurrent_calls_from_python_threads_match_serial(rng):
     # Kernels release the GIL; eight threads at once must give serial results.
     inputs = [ref.random_values(rng, (2, 8, 40, 40), np.float32, ties=True, specials=True)
@@ -150,3 +155,63 @@ def test_concurrent_calls_from_python_threads_match_serial(rng):
     for got, want in zip(results, expected):
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.thread_unsafe(reason="asserts the team a call ran on: calls on other threads start crowded spells, process-wide")
+def test_each_python_thread_sees_its_own_team_size(rng):
+    # last_team_size() answers for the calling thread: a serial call on
+    # another thread in between does not change it.
+    if not openmp_built():
+        pytest.skip("serial build")
+    x = rng.standard_normal(BIG).astype(np.float32)
+    small = rng.standard_normal((1, 2, 8, 8)).astype(np.float32)
+    seen = {}
+    parallel_done, serial_done = threading.Event(), threading.Event()
+
+    def parallel():
+        seen["parallel"] = team_of(cypool.max_pool2d, x, 2, num_threads=2)[0]
+        parallel_done.set()
+        serial_done.wait(10)
+        seen["parallel after"] = kernels.last_team_size()
+
+    def serial():
+        parallel_done.wait(10)
+        cypool.max_pool2d(small, 2, num_threads=2)
+        seen["serial"] = kernels.last_team_size()
+        serial_done.set()
+
+    threads = [threading.Thread(target=parallel), threading.Thread(target=serial)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"parallel": 2, "serial": 1, "parallel after": 2}
+
+
+@pytest.mark.thread_unsafe(reason="starts and ends crowded spells, process-wide")
+def test_weight_grads_are_the_same_in_a_crowded_spell(rng):
+    # The weight gradients are summed in parts, one per thread asked for:
+    # the calling thread alone (a crowded spell) gives the team's bits.
+    if not openmp_built():
+        pytest.skip("serial build")
+    x = rng.standard_normal((8, 16, 32, 32)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    g1 = rng.standard_normal((8, 16, 32, 32)).astype(np.float32)
+    g2 = rng.standard_normal((8, 16, 16, 16)).astype(np.float32)
+    xv = rng.standard_normal((2, 4, 16, 16, 33)).astype(np.float32)
+    wv = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    gv = rng.standard_normal((2, 8, 16, 16, 33)).astype(np.float32)
+    calls = [lambda: cypool.conv2d_backward(g1, x, w, 1, 1, needs_input_grad=False, num_threads=2),
+             lambda: cypool.conv2d_backward(g2, x, w, 2, 1, needs_input_grad=False, num_threads=2),
+             lambda: cypool.vector_conv2d_backward(gv, xv, wv, padding=1, needs_input_grad=False,
+                                                   num_threads=2)]
+    for call in calls:
+        size, team = team_of(call)
+        assert size == 2
+        kernels.set_crowded(True)
+        alone = call()
+        assert kernels.last_team_size() == 1
+        kernels.set_crowded(False)
+        for a, b in zip(team, alone):
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
