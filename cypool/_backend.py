@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from typing import TextIO
 
 import numpy as np
 
@@ -260,25 +261,75 @@ def padded_columns(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def show_config(file=None) -> None:
-    """Print the kernel variant in use, the variants built, the OpenMP
-    runtime and the default thread count."""
+def _config() -> dict:
+    """show_config's answer as a dict (mode="dicts")."""
+    import platform
     import sys
+    import sysconfig
+
+    from . import __version__
 
     has_omp, omp_version, nthreads = kernels.openmp_info()
-    out = file or sys.stdout
     forced = os.environ.get(ISA_ENV)
-    print(f"cypool kernels: {ISA}" + (f" (forced by {ISA_ENV})" if forced else " (chosen from CPU features)"),
-          file=out)
-    capped = sorted({isa_for(n) for n in CAPPED} - {ISA})
+    gil = getattr(sys, "_is_gil_enabled", None)
+    return {
+        "cypool": {"version": __version__},
+        "kernels": {
+            "variant": ISA,
+            "chosen_by": f"{ISA_ENV}={forced}" if forced else "CPU features",
+            "capped": {name: isa_for(name) for name in CAPPED if isa_for(name) != ISA},
+            "built": list(AVAILABLE_ISAS),
+            "runnable": list(RUNNABLE_ISAS),
+            "not_used": {name: missing_features(name, CPU_FEATURES)
+                         for name in _ORDER[:_ORDER.index(ISA)]
+                         if name in AVAILABLE_ISAS and missing_features(name, CPU_FEATURES)},
+        },
+        "openmp": {"found": has_omp, "version": omp_version,
+                   "default_threads": nthreads if has_omp else 1},
+        "python": {"version": platform.python_version(),
+                   "implementation": platform.python_implementation(),
+                   "free_threaded_build": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+                   "gil_enabled": True if gil is None else bool(gil())},
+        "numpy": {"version": np.__version__},
+        "machine": {"architecture": platform.machine(), "system": platform.system(),
+                    "cpu_features": dict(sorted(CPU_FEATURES.items()))},
+    }
+
+
+def show_config(mode: str = "stdout", *, file: TextIO | None = None) -> dict | None:
+    """The kernel variant in use and why, the variants built, the OpenMP
+    runtime and the default thread count, the Python and numpy versions.
+
+    mode="stdout" prints them (to file, default sys.stdout) and returns
+    None; mode="dicts" returns them as a dict of dicts, as numpy's
+    show_config does, for a script or a bug report to read."""
+    import sys
+
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be 'stdout' or 'dicts', not {type(mode).__name__}")
+    if mode not in ("stdout", "dicts"):
+        raise ValueError(f"mode must be 'stdout' or 'dicts', not {mode!r}")
+    cfg = _config()
+    if mode == "dicts":
+        return cfg
+    out = file or sys.stdout
+    k, omp, py = cfg["kernels"], cfg["openmp"], cfg["python"]
+    how = f"forced by {ISA_ENV}" if k["chosen_by"] != "CPU features" else "chosen from CPU features"
+    print(f"cypool kernels: {k['variant']} ({how})", file=out)
+    capped = sorted(set(k["capped"].values()))
     if capped:
-        print(f"max-pool and argmax kernels: {', '.join(capped)} (faster there than {ISA})", file=out)
-    print(f"variants built: {', '.join(AVAILABLE_ISAS)}", file=out)
-    for name in _ORDER[:_ORDER.index(ISA)]:
-        missing = missing_features(name, CPU_FEATURES)
-        if name in AVAILABLE_ISAS and missing:
-            print(f"{name} built but not used: this CPU lacks {', '.join(missing)}", file=out)
-    if has_omp:
-        print(f"OpenMP: yes (_OPENMP {omp_version}); default threads: {nthreads}", file=out)
+        print(f"max-pool and argmax kernels: {', '.join(capped)} (faster there than {k['variant']})",
+              file=out)
+    print(f"variants built: {', '.join(k['built'])}", file=out)
+    for name, missing in k["not_used"].items():
+        print(f"{name} built but not used: this CPU lacks {', '.join(missing)}", file=out)
+    if omp["found"]:
+        print(f"OpenMP: yes (_OPENMP {omp['version']}); default threads: {omp['default_threads']}",
+              file=out)
     else:
         print("OpenMP: no (serial build); default threads: 1", file=out)
+    threading = ("free-threaded build, GIL " + ("on" if py["gil_enabled"] else "off")
+                 if py["free_threaded_build"] else "GIL build")
+    print(f"cypool {cfg['cypool']['version']}; Python {py['version']} ({py['implementation']}, {threading}); "
+          f"numpy {cfg['numpy']['version']}; {cfg['machine']['architecture']}", file=out)
+    return None

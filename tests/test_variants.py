@@ -2,6 +2,9 @@
 the same results (the tests elsewhere run the variant chosen at import;
 CI also runs them all with CYPOOL_ISA=baseline)."""
 import importlib
+import json
+import os
+import platform
 import subprocess
 import sys
 
@@ -25,6 +28,37 @@ def test_show_config_reports_the_choice(capsys):
     cypool.show_config()
     out = capsys.readouterr().out
     assert f"cypool kernels: {_backend.ISA}" in out and "OpenMP" in out
+    assert f"numpy {np.__version__}" in out and platform.python_version() in out
+
+
+def test_show_config_dicts_say_what_the_text_says(capsys):
+    cfg = cypool.show_config(mode="dicts")
+    assert capsys.readouterr().out == ""
+    k = cfg["kernels"]
+    assert k["variant"] == _backend.ISA and k["built"] == _backend.AVAILABLE_ISAS
+    assert set(k["runnable"]) <= set(k["built"]) and k["variant"] in k["runnable"]
+    assert k["chosen_by"] == ("CPU features" if not _backend._FORCED
+                              else f"CYPOOL_ISA={os.environ['CYPOOL_ISA']}")
+    for name, isa in k["capped"].items():
+        assert isa == _backend.isa_for(name) != _backend.ISA
+    has_omp, version, threads = _backend.kernels.openmp_info()
+    assert cfg["openmp"] == {"found": has_omp, "version": version,
+                             "default_threads": threads if has_omp else 1}
+    assert cfg["python"]["version"] == platform.python_version()
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    assert cfg["python"]["gil_enabled"] is gil
+    assert cfg["numpy"]["version"] == np.__version__
+    assert cfg["cypool"]["version"] == cypool.__version__
+    assert cfg["machine"]["architecture"] == platform.machine()
+    assert cfg["machine"]["cpu_features"] == _backend.CPU_FEATURES
+    json.dumps(cfg)  # plain data, for a bug report
+
+
+@pytest.mark.parametrize("mode, error", [("dict", ValueError), ("", ValueError), (1, TypeError),
+                                         (None, TypeError)])
+def test_show_config_refuses_an_unknown_mode(mode, error):
+    with pytest.raises(error, match="mode"):
+        cypool.show_config(mode)
 
 
 @pytest.mark.parametrize("isa", _backend.RUNNABLE_ISAS)
