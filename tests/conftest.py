@@ -1,14 +1,31 @@
+import threading
 import zlib
 
 import numpy as np
 import pytest
 
 
+class _ThreadGenerator:
+    """A numpy Generator per thread, every one from the same seed. Under
+    pytest-run-parallel a test's fixtures are made once and shared by the
+    threads that run it; this way each thread draws the very numbers a
+    serial run draws, and runs the same case."""
+
+    def __init__(self, seed):
+        self._seed = seed
+        self._local = threading.local()
+
+    def __getattr__(self, name):
+        gen = getattr(self._local, "gen", None)
+        if gen is None:
+            gen = self._local.gen = np.random.default_rng(self._seed)
+        return getattr(gen, name)
+
+
 @pytest.fixture
 def rng(request):
     # A different, reproducible stream for every test (and parameter set).
-    seed = zlib.crc32(request.node.nodeid.encode())
-    return np.random.default_rng(seed)
+    return _ThreadGenerator(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(autouse=True)

@@ -51,7 +51,8 @@ def test_from_box_scalar_eps_no_clip_and_points(rng):
     x = rng.standard_normal((2, 3, 3)) * 3
     z = Z.from_box(x, 0.5, clip=None)
     assert z.shape == (2, 3, 3, 1 + x.size)
-    np.testing.assert_array_equal(z[..., 0], x)
+    np.testing.assert_array_equal(z[..., 0], ((x - 0.5) + (x + 0.5)) / 2)  # the midpoint
+    np.testing.assert_allclose(z[..., 0], x, rtol=1e-15, atol=1e-15)
     assert Z.from_box(x, 0.0, clip=None).shape == x.shape + (1,)  # every box a point
     # x on the clip edge with eps = 0 is a point too; outside by more than eps is empty
     assert Z.from_box(np.array([1.0, 0.5]), np.array([0.0, 0.1])).shape == (2, 2)
