@@ -14,9 +14,9 @@ Everything about *how* the extension is compiled lives here:
 * debug (``CYPOOL_DEBUG=1``) and sanitizer (``CYPOOL_SANITIZE=...``) builds.
 """
 import os
-import platform
 import shutil
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import warnings
@@ -190,7 +190,9 @@ def variants():
     kernels still run from the AVX2 build, which measured faster for them.
     Other architectures get the baseline only.
     """
-    machine = platform.machine().lower()
+    # The target's architecture: sysconfig's platform is the target's in a
+    # cross build (tools/aarch64.sh), where platform.machine() is the host's.
+    machine = sysconfig.get_platform().rsplit("-", 1)[-1].lower()
     if os.environ.get("CYPOOL_NATIVE") == "1" and sys.platform != "win32":
         # One variant for the building machine, ISA and tuning (gcc's
         # -march=native); it is loaded whenever it is there.

@@ -59,11 +59,17 @@
 
 /* x stays in a register (the empty asm): gcc cannot read it from memory
  * again in place of the register. Not in the AVX-512 layout compiled
- * without AVX-512 (tests/c), where no register holds a 64-byte vector. */
+ * without AVX-512 (tests/c), where no register holds a 64-byte vector.
+ * The constraint names the vector registers: "v" on x86, "w" on aarch64;
+ * elsewhere nothing is pinned. */
 #if CYPOOL_VC_VBYTES == 64 && !defined(__AVX512VL__)
 #define CYPOOL_CD_PIN(x)
-#else
+#elif defined(__x86_64__) || defined(__i386__)
 #define CYPOOL_CD_PIN(x) __asm__("" : "+v"(x));
+#elif defined(__aarch64__)
+#define CYPOOL_CD_PIN(x) __asm__("" : "+w"(x));
+#else
+#define CYPOOL_CD_PIN(x)
 #endif
 
 /* A tap's multiply-adds, in the order that keeps a tile's values in the 16
