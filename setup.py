@@ -185,9 +185,10 @@ def variants():
     x86-64 gets the portable baseline, an AVX2+FMA (x86-64-v3) build and an
     AVX-512 (x86-64-v4) build; cypool/_backend.py picks one at import from
     the CPU's features. The AVX-512 build matters for the convolution, whose
-    register tiles (_vconv_kernel.h) use 16-float vectors there; its other
-    loops keep gcc's 256-bit auto-vectorisation, and the max-pool and argmax
-    kernels still run from the AVX2 build, which measured faster for them.
+    register tiles (_conv_tiles.h) use 16-float vectors there; its other
+    loops keep gcc's 256-bit auto-vectorisation. It compiles the
+    convolution family only (_kernels_avx512.pyx): the max-pool and argmax
+    kernels run from the AVX2 build, which measured faster for them.
     Other architectures get the baseline only.
     """
     # The target's architecture: sysconfig's platform is the target's in a
@@ -224,10 +225,15 @@ def _generated_c_is_current(c_files):
     objects of the same sources."""
     if not all(os.path.exists(c) for c in c_files):
         return False
-    sources = [os.path.join("cypool", f) for f in os.listdir("cypool")
-               if f.endswith((".pyx", ".pxi", ".pxd", ".h"))]
+    sources = [os.path.join(folder, f) for folder in ("cypool", KERNEL_DIR)
+               for f in os.listdir(folder) if f.endswith((".pyx", ".pxi", ".pxd", ".h"))]
     newest = max(os.path.getmtime(f) for f in sources + [__file__])
     return newest < min(os.path.getmtime(c) for c in c_files)
+
+
+# The kernel sources (.pxi, .h): cypool/_kernels_<level>.pyx includes them
+# from here, and the C compiler finds the headers here.
+KERNEL_DIR = os.path.join("cypool", "_kernels")
 
 
 def kernel_extensions():
@@ -235,10 +241,10 @@ def kernel_extensions():
     build generated from the same sources (then setuptools also skips the
     compile when build/ holds a newer object: the second of the Quick
     start commands builds nothing)."""
-    headers = [os.path.join("cypool", f) for f in os.listdir("cypool") if f.endswith(".h")]
+    headers = [os.path.join(KERNEL_DIR, f) for f in os.listdir(KERNEL_DIR) if f.endswith(".h")]
     extensions = [
         Extension(f"cypool._kernels_{name}", [f"cypool/_kernels_{name}.pyx"],
-                  extra_compile_args=args, depends=headers)
+                  include_dirs=[KERNEL_DIR], extra_compile_args=args, depends=headers)
         for name, args in variants()
     ]
     annotate = os.environ.get("CYPOOL_ANNOTATE") == "1"

@@ -91,9 +91,10 @@ def build(rev: str | None, name: str, out_dir: str) -> None:
                    check=True, capture_output=True)
     so = os.path.join(out_dir, name + sysconfig.get_config_var("EXT_SUFFIX"))
     cc = os.environ.get("CC", "gcc")
+    # (kernel sources sit in cypool/_kernels/ now, in cypool/ before)
     subprocess.run([cc, "-shared", "-fPIC", *cflags(),
                     "-I" + sysconfig.get_paths()["include"], "-I" + pkg,
-                    c_file, "-o", so], check=True)
+                    "-I" + os.path.join(pkg, "_kernels"), c_file, "-o", so], check=True)
     shutil.rmtree(src, ignore_errors=True)
 
 

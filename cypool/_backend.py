@@ -4,8 +4,9 @@ The kernels are built once per instruction-set level (setup.py); at import
 the best variant the CPU runs is loaded, as CPUID reports its features
 (``_cpu_features``).
 The convolution takes it; the max-pool and argmax kernels take the best one
-up to AVX2 (``CAPPED``). ``CYPOOL_ISA=baseline`` (or another built level)
-forces one level for every kernel.
+up to AVX2 (``CAPPED``), the AVX-512 variant does not compile them.
+``CYPOOL_ISA=baseline`` (or another built level) forces one level, for every
+kernel that level compiles.
 
 Every public function goes through here to reach a kernel, so that the
 thread policy is the same everywhere:
@@ -37,10 +38,11 @@ LEVELS = (
     ("avx2", _V3),
     ("baseline", ()),
 )
-# Kernels that run on the best level only up to this one unless a level is
-# forced. The max-pool and argmax loops are bound by memory and branchless
-# selects, and gcc 12's x86-64-v4 code for them is slower than its AVX2
-# code, while the convolution's 16-float register tiles gain from AVX-512
+# Kernels that run on the best level only up to this one, a forced level
+# too: the AVX-512 variant does not compile them (_kernels_avx512.pyx). The
+# max-pool and argmax loops are bound by memory and branchless selects, and
+# gcc 12's x86-64-v4 code for them was slower than its AVX2 code, while the
+# convolution's 16-float register tiles gain from AVX-512
 # (bench/results/isa_levels.md).
 CAPPED = {
     "max_pool2d_forward": "avx2",
@@ -137,11 +139,11 @@ _ORDER = [name for name, _ in LEVELS]
 def isa_for(name: str) -> str:
     """The instruction-set level whose module runs kernel `name`."""
     cap = CAPPED.get(name)
-    if _FORCED or cap is None or _ORDER.index(ISA) >= _ORDER.index(cap):
+    if cap is None or _ORDER.index(ISA) >= _ORDER.index(cap):
         return ISA
-    # The best built level at or below the cap (the chosen level is above
-    # it, so the CPU runs it too); a native build has none.
-    return next((n for n in _ORDER[_ORDER.index(cap):] if n in AVAILABLE_ISAS), ISA)
+    # The best level at or below the cap that this CPU runs; a native build
+    # has none, and compiles every kernel.
+    return next((n for n in _ORDER[_ORDER.index(cap):] if n in RUNNABLE_ISAS), ISA)
 
 
 def module_for(name: str):

@@ -1,5 +1,8 @@
 # The compiled kernels of cypool, built once per instruction-set level:
-# this is the "avx512" variant (see setup.py, variants()). Every variant compiles
-# the same sources; cypool/_backend.py imports the best one the CPU runs.
-# Directives are set once, in setup.py.
-include "_kernels.pxi"
+# this is the "avx512" variant (see setup.py, variants()). It compiles the
+# convolution family only: the max-pool and argmax kernels run from the
+# AVX2 variant on an AVX-512 CPU, faster there (cypool/_backend.py, CAPPED),
+# and leaving them out shortens the build. Directives are set once, in
+# setup.py.
+include "_kernels/_common.pxi"
+include "_kernels/_convolution.pxi"

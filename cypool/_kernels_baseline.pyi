@@ -1,5 +1,6 @@
-# Stubs for the compiled kernel modules (_kernels_baseline, _kernels_avx2,
-# _kernels_avx512: the same functions, built for different instruction sets). Arrays must be
+# Stubs for the compiled kernel modules (_kernels_baseline, _kernels_avx2 and
+# _kernels_native: the same functions, built for different instruction sets;
+# _kernels_avx512 has all but the pooling family's). Arrays must be
 # C-contiguous, of the dtypes the Python layer passes; see cypool/_checks.py.
 import numpy as np
 from numpy.typing import NDArray
@@ -63,6 +64,9 @@ def memo_remember(
     out_shape: tuple[int, ...], dtype: object, direct: tuple[int, ...], batched: bool,
 ) -> None: ...
 def memo_forget() -> None: ...
+def plain_array(a: object, shape: tuple[int, ...], dtype: object, contiguous: bool) -> bool: ...
+MEMO_CONV2D: int
+MEMO_VECTOR_CONV2D: int
 def memo_forward(
     family: int, x: object, weight: object, bias: object, stride: object, padding: object,
     dilation: object, num_threads: object,

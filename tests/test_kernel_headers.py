@@ -1,7 +1,7 @@
 """The C register tiles of the vector and standard convolutions
-(cypool/_vconv_kernel.h, tests/c/vconv_tiles.c) and the direct stride-1
-kernels (cypool/_conv_direct.h, tests/c/conv_direct.c) and the tap-major
-weight copy (cypool/_tap_major.h, tests/c/tap_major.c), compiled on their
+(cypool/_kernels/_conv_tiles.h, tests/c/vconv_tiles.c) and the direct stride-1
+kernels (cypool/_kernels/_conv_direct.h, tests/c/conv_direct.c) and the tap-major
+weight copy (cypool/_kernels/_tap_major.h, tests/c/tap_major.c), compiled on their
 own for every vector width the wheels build, against plain loops. The
 Python tests run the kernels of the variant this CPU picks; this runs the
 others too, the AVX-512 layout included, on any x86-64 CPU."""
@@ -16,8 +16,8 @@ import pytest
 from cypool import _backend
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADER_DIR = ROOT / "cypool"
-SOURCES = {"vconv_tiles": "_vconv_kernel.h", "conv_direct": "_conv_direct.h",  # test: header
+HEADER_DIR = ROOT / "cypool" / "_kernels"
+SOURCES = {"vconv_tiles": "_conv_tiles.h", "conv_direct": "_conv_direct.h",  # test: header
            "tap_major": "_tap_major.h"}
 
 # (name, extra flags, CPU feature needed to run it): gcc lowers the 64-byte
@@ -51,7 +51,7 @@ def test_tiles_match_a_plain_loop(tmp_path, test, name, flags, feature):
         pytest.skip("needs a C compiler on x86-64")
     source = ROOT / "tests" / "c" / f"{test}.c"
     if not (HEADER_DIR / SOURCES[test]).exists() or not source.exists():
-        pytest.skip(f"needs the source tree (cypool/{SOURCES[test]})")
+        pytest.skip(f"needs the source tree (cypool/_kernels/{SOURCES[test]})")
     if feature is not None and not _backend.CPU_FEATURES.get(feature):
         pytest.skip(f"this CPU lacks {feature}")
     exe = tmp_path / test

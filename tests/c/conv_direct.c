@@ -1,4 +1,4 @@
-/* The direct stride-1 kernels of cypool/_conv_direct.h against plain loops:
+/* The direct stride-1 kernels of cypool/_kernels/_conv_direct.h against plain loops:
  * the forward (bias or none, outputs written through channel and row
  * strides, every tile of 1-4 channels x 1, 2 or 4 rows x 1-3 vectors and
  * a row's last part of a vector), the weight gradient (1-9 channels, tap

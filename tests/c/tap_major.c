@@ -1,4 +1,4 @@
-/* The tap-major weight copy of cypool/_tap_major.h against a plain loop:
+/* The tap-major weight copy of cypool/_kernels/_tap_major.h against a plain loop:
  * both dtypes, forward and transposed, 1-9 channels each way, kernels of
  * 1-5 x 1-5 taps, zero padding of the output channels, and weights read
  * through every kind of stride: C-contiguous (the 4 x 4 and 2 x 2 blocks),

@@ -1,4 +1,4 @@
-/* The register tiles of cypool/_vconv_kernel.h against a plain loop:
+/* The register tiles of cypool/_kernels/_conv_tiles.h against a plain loop:
  * cypool_vc_pixel for E = 1 to 70 components (every end of E after the
  * vector tiles) and O = 1 to 11 output channels (every last block of 1 to 3
  * channels), from component 0 or 3, with and without the packing buffer and
@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
-#include "_vconv_kernel.h"
+#include "_conv_tiles.h"
 
 #define CHECK(T, SUF)                                                              \
 static int check_##SUF(void) {                                                     \

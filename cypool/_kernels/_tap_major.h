@@ -1,5 +1,5 @@
 /* A convolution's weights, tap-major, as the register tiles read them
- * (cypool/_conv.pxi for the phase kernels, cypool/_conv_direct.pxi for the
+ * (cypool/_kernels/_conv.pxi for the phase kernels, cypool/_kernels/_conv_direct.pxi for the
  * direct ones): with t = (c * kh + i) * kw + j,
  *
  *   wt[t * ldt + o] = w[o][c][i][j]                      (the forward)

@@ -1,3 +1,4 @@
+# Uses: _common.pxi; _conv_tiles.h.
 # Vector-pixel convolution: images whose pixels are vectors, (N, C, H, W, E).
 #
 #   out[n, o, oh, ow, :] = bias[o] * e_0 + sum over (c, i, j) of
@@ -5,13 +6,13 @@
 #
 # For every output pixel the K = C*kh*kw taps (input pixel vectors; a vector
 # of zeros for a tap in the padding) are listed, and the register-blocked
-# micro-kernel of _vconv_kernel.h computes all O output vectors from them:
+# micro-kernel of _conv_tiles.h computes all O output vectors from them:
 # no im2col buffer, only a per-thread list of K pointers. The input gradient is the same
 # computation run from each input pixel over the (o, i, j) taps that reach
 # it; the weight gradient sums dot products over E into per-thread partials
 # that are added in thread order. Every loop is parallel over pixels.
 
-cdef extern from "_vconv_kernel.h" nogil:
+cdef extern from "_conv_tiles.h" nogil:
     void cypool_vc_pixel_f32(Py_ssize_t ntaps, const float* const* xs, const float* w,
                              Py_ssize_t ldw, Py_ssize_t e_lo, Py_ssize_t e_hi, Py_ssize_t O,
                              float* const* outs, const float* bias, float* pack,

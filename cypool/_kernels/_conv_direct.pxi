@@ -1,11 +1,10 @@
+# Uses: _tap_major from _conv.pxi; Held, _hold, _release_all from _common.pxi; _conv_direct.h.
 # Direct stride-1 convolution of small images (_conv_direct.h): the path
 # conv.py takes for a call too small for a thread team, such as a batch-1
 # training step. One zero-padded copy of each image is the only set-up,
 # and the arrays are read through the buffer protocol (their pointers and
 # strides) rather than typed memoryviews, whose acquisition costs as much
 # as a small image's arithmetic.
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_STRIDES, PyBUF_WRITABLE
-
 cdef extern from "_conv_direct.h" nogil:
     int CYPOOL_CD_VLEN_F32
     int CYPOOL_CD_VLEN_F64
@@ -154,13 +153,6 @@ cdef int _direct_weight_grad(const Arr* g, const Arr* x, const Arr* gw,
     return failed
 
 
-cdef int _get(object a, Py_buffer* view, Arr* arr, bint batched, bint writable) except -1:
-    """view = a's buffer (to release), arr = its first four axes (_as_arr)."""
-    PyObject_GetBuffer(a, view, PyBUF_STRIDES | (PyBUF_WRITABLE if writable else 0))
-    _as_arr(view, arr, batched)
-    return 0
-
-
 cdef void _as_arr(const Py_buffer* v, Arr* a, bint batched) noexcept:
     """a = v's first four axes, after a batch axis of one image put in front
     when not batched; axes it lacks have length 1 (and a trailing fifth of
@@ -186,25 +178,24 @@ def conv2d_direct(x,         # IN  (N, Cin, H, W[, 1]), any strides, float32 or 
     vector convolution at E = 1) is ignored; not batched: x and out are
     one image without the batch axis. The arrays were checked by
     cypool.conv: dtypes alike, shapes consistent."""
-    cdef Py_buffer v[4]
+    cdef Held held
     cdef Arr a[4]
-    cdef int got = 0, failed
+    cdef int failed
+    held.n = 0
     try:
-        _get(x, &v[0], &a[0], batched, False); got = 1
-        _get(w, &v[1], &a[1], True, False); got = 2
-        _get(bias, &v[2], &a[2], True, False); got = 3
-        _get(out, &v[3], &a[3], batched, True); got = 4
+        _as_arr(_hold(&held, x, False), &a[0], batched)
+        _as_arr(_hold(&held, w, False), &a[1], True)
+        _as_arr(_hold(&held, bias, False), &a[2], True)
+        _as_arr(_hold(&held, out, True), &a[3], batched)
         with nogil:
-            if v[0].itemsize == 4:
+            if held.views[0].itemsize == 4:
                 failed = _direct_forward(&a[0], &a[1], &a[2], &a[3], top, left, dh, dw,
                                          transposed, <float*>NULL)
             else:
                 failed = _direct_forward(&a[0], &a[1], &a[2], &a[3], top, left, dh, dw,
                                          transposed, <double*>NULL)
     finally:
-        while got:
-            got -= 1
-            PyBuffer_Release(&v[got])
+        _release_all(&held)
     if failed:
         raise MemoryError("cypool.conv2d: out of memory")
 
@@ -254,23 +245,24 @@ def conv2d_direct_backward(g,     # IN  (N, O, OH, OW[, 1]), any strides
     left: its padding; itop, ileft: the input gradient's, a transposed
     conv2d_direct of g), those whose arrays are given. batched as for
     conv2d_direct."""
-    cdef Py_buffer v[6]
+    cdef Held held
     cdef Arr a[6]
-    cdef int got = 0, failed
+    cdef int failed
     cdef bint want_x = gx is not None, want_w = gw is not None, want_b = gb is not None
+    held.n = 0
     try:
-        _get(g, &v[got], &a[0], batched, False); got += 1
-        _get(w, &v[got], &a[2], True, False); got += 1
+        _as_arr(_hold(&held, g, False), &a[0], batched)
+        _as_arr(_hold(&held, w, False), &a[2], True)
         if want_w:
-            _get(x, &v[got], &a[1], batched, False); got += 1
+            _as_arr(_hold(&held, x, False), &a[1], batched)
         if want_x:
-            _get(gx, &v[got], &a[3], batched, True); got += 1
+            _as_arr(_hold(&held, gx, True), &a[3], batched)
         if want_w:
-            _get(gw, &v[got], &a[4], True, True); got += 1
+            _as_arr(_hold(&held, gw, True), &a[4], True)
         if want_b:
-            _get(gb, &v[got], &a[5], True, True); got += 1
+            _as_arr(_hold(&held, gb, True), &a[5], True)
         with nogil:
-            if v[0].itemsize == 4:
+            if held.views[0].itemsize == 4:
                 failed = _direct_backward(&a[0], &a[1], &a[2], &a[3] if want_x else NULL,
                                           &a[4] if want_w else NULL, &a[5] if want_b else NULL,
                                           top, left, itop, ileft, dh, dw, <float*>NULL)
@@ -279,8 +271,6 @@ def conv2d_direct_backward(g,     # IN  (N, O, OH, OW[, 1]), any strides
                                           &a[4] if want_w else NULL, &a[5] if want_b else NULL,
                                           top, left, itop, ileft, dh, dw, <double*>NULL)
     finally:
-        while got:
-            got -= 1
-            PyBuffer_Release(&v[got])
+        _release_all(&held)
     if failed:
         raise MemoryError("cypool.conv2d: out of memory")

@@ -1,5 +1,5 @@
 /* Register-blocked micro-kernels of the vector-pixel convolution
- * (cypool/_vconv.pxi does everything else: geometry, tap lists, threads).
+ * (cypool/_kernels/_vconv.pxi does everything else: geometry, tap lists, threads).
  *
  * The convolution is, for every output pixel, a small matrix product
  *     out[o, e] = sum over taps t of w[t, o] * x_t[e]
@@ -14,8 +14,8 @@
  * in the x86-64-v4 build (EB doubles again; its 32 registers take an 8 x 3
  * vector tile, and half-width tiles finish a small E).
  */
-#ifndef CYPOOL_VCONV_KERNEL_H
-#define CYPOOL_VCONV_KERNEL_H
+#ifndef CYPOOL_CONV_TILES_H
+#define CYPOOL_CONV_TILES_H
 #include <stddef.h>
 #include <string.h>
 

@@ -1,3 +1,4 @@
+# Uses: _common.pxi; _simd.h.
 # Feature-map argmax: the first maximum (or first NaN) of each contiguous map.
 #
 # A map is scanned in chunks. For each chunk a vectorised pass keeps running

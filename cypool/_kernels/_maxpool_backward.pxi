@@ -1,3 +1,4 @@
+# Uses: _common.pxi only.
 # Max pooling backward (scatter-add of each gradient at its index) and
 # unpooling with its backward (see _maxpool_rows.pxi for the family).
 

@@ -1,3 +1,4 @@
+# Uses: _common.pxi only.
 # Zonotope kernels for DeepZ certification (cypool/zonotope.py): the bounds
 # of every neuron, and the DeepZ ReLU, over the rows of a C-contiguous
 # (n, E) array whose row i is neuron i's (centre, generator 1, ...,

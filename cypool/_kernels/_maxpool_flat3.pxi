@@ -1,3 +1,4 @@
+# Uses: PoolGeom, Workspace, _pick from _maxpool_rows.pxi.
 # Max pooling, the flat 3x3 path (see _maxpool_rows.pxi for the family).
 #
 # Flat 3x3, stride 1, padding 1 ("same" pooling) on small planes. Output

@@ -1,5 +1,5 @@
 /* Direct stride-1 convolution of small images, vectorised along output rows
- * (cypool/_conv_direct.pxi makes the buffers; cypool/conv.py chooses it).
+ * (cypool/_kernels/_conv_direct.pxi makes the buffers; cypool/conv.py chooses it).
  *
  * A batch-1 call of a small network (a 28 x 28 image, a 5 x 5 kernel, a
  * few channels) is a few microseconds of arithmetic: the phase buffers,
@@ -27,7 +27,7 @@
 #define CYPOOL_CONV_DIRECT_H
 #include <stddef.h>
 #include <string.h>
-#include "_vconv_kernel.h" /* CYPOOL_VC_VBYTES and the row/column enumerators */
+#include "_conv_tiles.h" /* CYPOOL_VC_VBYTES and the row/column enumerators */
 
 #if defined(__GNUC__)
 #define CYPOOL_CD_VLEN_F32 (CYPOOL_VC_VBYTES / 4)

@@ -1,3 +1,4 @@
+# Uses: PoolGeom, Workspace and the row loops from _maxpool_rows.pxi; _pool_plane_flat3 from _maxpool_flat3.pxi; _pool_small, _small_plane_fits, _small_tap_table from _maxpool_small.pxi.
 # Max pooling forward: which path pools each plane, index streaming, and the
 # kernel entry point (see _maxpool_rows.pxi for the family).
 

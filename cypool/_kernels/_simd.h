@@ -1,7 +1,7 @@
 /* The loops gcc does not vectorise well from Cython, written with
  * intrinsics:
  *
- * - the chunk scans of the argmax kernel (cypool/_argmax.pxi), an AVX2 copy
+ * - the chunk scans of the argmax kernel (cypool/_kernels/_argmax.pxi), an AVX2 copy
  *   (x86-64-v3 and v4 builds) and an SSE2 copy (baseline), plain loops
  *   elsewhere. gcc 12 does not vectorise a NaN-aware max written in Cython.
  *   cypool_chunk_max_* returns 1 if x[:n] holds a NaN and sets *out to the

@@ -1,3 +1,4 @@
+# Uses: nothing from a sibling but _omp_shim.h and _cpuid.h; every other file uses it.
 # Shared declarations for every kernel family.
 #
 # Kernels only do arithmetic: every shape, parameter and index bound they rely
@@ -9,6 +10,8 @@ from libc.math cimport INFINITY
 from libc.stdint cimport INT32_MIN, INT64_MIN, INT32_MAX, INT64_MAX
 from libc.stdlib cimport malloc, calloc, free
 from cython.parallel cimport prange, parallel, threadid
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_STRIDES, PyBUF_WRITABLE,
+                             PyBUF_FORMAT)
 
 cdef extern from "_omp_shim.h" nogil:
     int omp_get_max_threads()
@@ -223,3 +226,40 @@ def cpu_features():
         return {}
     names = CYPOOL_CPU_NAMES.decode().split()
     return {name: bool((bits >> i) & 1) for i, name in enumerate(names)}
+
+
+# Buffers of the arrays a Python-facing kernel reads through the buffer
+# protocol (their pointers and strides, without a typed memoryview's cost):
+# each one taken by _hold and all of them released by _release_all, on every
+# way out of the call:
+#     cdef Held held
+#     held.n = 0
+#     try:
+#         v = _hold(&held, x, False)
+#         ...
+#     finally:
+#         _release_all(&held)
+cdef enum:
+    _HELD_MAX = 8
+
+cdef struct Held:
+    Py_buffer views[_HELD_MAX]
+    int n               # views[:n] are held
+
+
+cdef Py_buffer* _hold(Held* h, object a, bint writable) except NULL:
+    """a's buffer (with its strides and format), held by h until
+    _release_all(h)."""
+    if h.n >= _HELD_MAX:
+        raise RuntimeError("cypool: too many buffers held")
+    PyObject_GetBuffer(a, &h.views[h.n], PyBUF_STRIDES | PyBUF_FORMAT
+                       | (PyBUF_WRITABLE if writable else 0))
+    h.n += 1
+    return &h.views[h.n - 1]
+
+
+cdef void _release_all(Held* h) noexcept:
+    """Release every buffer h holds, newest first."""
+    while h.n > 0:
+        h.n -= 1
+        PyBuffer_Release(&h.views[h.n])

@@ -1,3 +1,4 @@
+# Uses: _common.pxi; _simd.h.
 # 2-D max pooling with index tracking: the shared geometry, the per-row
 # window loops and their per-thread workspace. The family is split by concern:
 #   _maxpool_rows.pxi      this file: geometry, row loops, workspace;

@@ -1,3 +1,4 @@
+# Uses: PoolGeom, _ceil_div from _maxpool_rows.pxi; _maxpool_small.h.
 # Max pooling forward on small planes (the 14x14 and 7x7 maps of a network's
 # late layers, hundreds of channels): LANES planes at a time, vectorised
 # across the planes instead of along a row too short to fill a vector.

@@ -1,0 +1,319 @@
+# Uses: _vc_pixel, _pack_new, _pack_rows from _vconv.pxi; _tap_major.h.
+# Standard 2-D convolution, NCHW (torch.nn.functional.conv2d, groups = 1).
+#
+#   out[n, o, oh, ow] = bias[o] + sum over (c, i, j) of
+#                       w[o, c, i, j] * x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw]
+#
+# Each image is first copied into a zero-padded buffer split into stride
+# phases: element (h, w) of the padded image goes to phase (h % sh, w % sw),
+# row h // sh, column w // sw, every phase plane Wq columns wide. Then the
+# input element that tap (c, i, j) of output (oh, ow) reads is at
+#     offset(c, i, j) + oh * Wq + ow
+# so, over the "virtual" output index e = oh * Wq + ow, every tap is a
+# contiguous vector of the buffer. An image's convolution becomes the
+# vector convolution of a single pixel with E = (OH - 1) * Wq + OW (the
+# Wq - OW columns past each output row are computed and dropped): the
+# register-blocked tiles of _conv_tiles.h do the arithmetic, and no
+# im2col buffer is made. An unpadded stride-1 convolution of C-contiguous
+# images reads them in place (the buffer would be a copy).
+#
+# The input gradient of a stride-1 convolution is this forward run on the
+# output gradient padded by the kernel's reach, with the kernel flipped and
+# transposed; a strided one's is computed by columns, added into place
+# (_col2im_images). The weight gradient runs the same tiles on each chunk's
+# im2col rows, or, for 8 output channels or fewer and an image without inf
+# or NaN, takes dot products over e with the tap vectors.
+#
+# Work items are (image, chunk of e). Each thread takes a contiguous run of
+# them (so it fills the buffer of an image once, and the split, and with it
+# the order of the weight gradient's sums, is fixed for a thread count) and
+# owns its buffers.
+
+cdef struct PhaseGeom:
+    Py_ssize_t C, H, W        # source image
+    Py_ssize_t uh, uw         # source step in the padded image (the stride, for an input gradient)
+    Py_ssize_t plh, plw       # padded position of source (0, 0); may be negative (cropped)
+    Py_ssize_t Hp, Wp         # padded image extent
+    Py_ssize_t sh, sw         # stride phases
+    Py_ssize_t Aq, Wq, plane  # phase plane rows, columns, size
+    Py_ssize_t size           # buffer size: sh * sw * C * plane
+
+
+# Zeros after a phase buffer, so that the forward pass may compute a chunk
+# rounded up to whole register tiles (the extra outputs are dropped).
+cdef enum:
+    _SLACK = 64
+
+
+cdef inline void _phase_geom(PhaseGeom* p, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W,
+                             Py_ssize_t uh, Py_ssize_t uw, Py_ssize_t plh, Py_ssize_t plw,
+                             Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t sh,
+                             Py_ssize_t sw) noexcept nogil:
+    p.C = C; p.H = H; p.W = W; p.uh = uh; p.uw = uw; p.plh = plh; p.plw = plw
+    p.Hp = Hp; p.Wp = Wp; p.sh = sh; p.sw = sw
+    p.Aq = (Hp + sh - 1) // sh
+    p.Wq = (Wp + sw - 1) // sw
+    p.plane = p.Aq * p.Wq
+    p.size = sh * sw * C * p.plane
+
+
+cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const PhaseGeom* p,
+                              floating* buf) noexcept nogil:
+    """buf = image n of x, zero-padded, upsampled by (uh, uw), split into
+    stride phases (see the top of this file). Divisions only per source
+    row, not per channel or phase: at a small call they cost more than the
+    copying."""
+    cdef Py_ssize_t c, h, w, hh, ww, w_lo, w_hi, sx, r, q, k, m, r0, q0, at
+    cdef Py_ssize_t cplane = p.C * p.plane  # from one column phase to the next
+    cdef floating* row
+    cdef floating* dst
+    cdef const char* src
+    memset(buf, 0, (p.size + _SLACK) * sizeof(floating))
+    # Source columns that land inside the padded width.
+    w_lo = 0
+    while w_lo < p.W and p.plw + w_lo * p.uw < 0:
+        w_lo = w_lo + 1
+    w_hi = p.W
+    while w_hi > w_lo and p.plw + (w_hi - 1) * p.uw >= p.Wp:
+        w_hi = w_hi - 1
+    # Column w_lo's phase and column in it (plw + w_lo >= 0).
+    r0 = (p.plw + w_lo) % p.sw
+    q0 = (p.plw + w_lo) // p.sw
+    sx = x.strides[3]
+    for h in range(p.H):
+        hh = p.plh + h * p.uh
+        if hh < 0 or hh >= p.Hp:
+            continue
+        at = (hh % p.sh) * p.sw * cplane + (hh // p.sh) * p.Wq
+        for c in range(p.C):
+            row = buf + at + c * p.plane
+            src = <const char*>&x[n, c, h, 0]
+            if p.sw == 1 and p.uw == 1:
+                row = row + p.plw
+                if sx == sizeof(floating):
+                    memcpy(row + w_lo, src + w_lo * sx, (w_hi - w_lo) * sizeof(floating))
+                else:
+                    for w in range(w_lo, w_hi):
+                        row[w] = (<const floating*>(src + w * sx))[0]
+            elif p.uw == 1:
+                # Deinterleave the row into its sw phases: source column
+                # w_lo + k is the first of phase (r0 + k) % sw.
+                for k in range(min(p.sw, w_hi - w_lo)):
+                    r = r0 + k
+                    q = q0
+                    if r >= p.sw:
+                        r = r - p.sw
+                        q = q + 1
+                    dst = row + r * cplane + q
+                    w = w_lo + k
+                    m = 0
+                    while w < w_hi:
+                        dst[m] = (<const floating*>(src + w * sx))[0]
+                        w = w + p.sw
+                        m = m + 1
+            else:
+                for w in range(w_lo, w_hi):
+                    ww = p.plw + w * p.uw
+                    row[(ww % p.sw) * cplane + ww // p.sw] = (<const floating*>(src + w * sx))[0]
+
+
+cdef inline void _tap_offsets(const PhaseGeom* p, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t dh,
+                              Py_ssize_t dw, Py_ssize_t* off) noexcept nogil:
+    """off[(c * kh + i) * kw + j]: where tap (c, i, j) of output (0, 0) is."""
+    cdef Py_ssize_t c, i, j, vi, vj, k = 0
+    for c in range(p.C):
+        for i in range(kh):
+            vi = i * dh
+            for j in range(kw):
+                vj = j * dw
+                off[k] = ((((vi % p.sh) * p.sw + vj % p.sw) * p.C + c) * p.plane
+                          + (vi // p.sh) * p.Wq + vj // p.sw)
+                k = k + 1
+
+
+cdef extern from "_tap_major.h" nogil:
+    void cypool_tap_major_f32(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                              int transposed, Py_ssize_t ldt, float* wt)
+    void cypool_tap_major_f64(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                              int transposed, Py_ssize_t ldt, double* wt)
+    void cypool_tap_rows_f32(const float* base, const Py_ssize_t* off, Py_ssize_t K,
+                             Py_ssize_t n, float* out)
+    void cypool_tap_rows_f64(const double* base, const Py_ssize_t* off, Py_ssize_t K,
+                             Py_ssize_t n, double* out)
+
+
+cdef floating* _tap_major(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
+                          bint transposed, Py_ssize_t ldt, floating* _) noexcept nogil:
+    """The weights w (O, C, kh, kw) at byte strides as (K, ldt) rows, one per
+    tap (c, i, j), output channels padded to ldt with zeros; transposed: the
+    input gradient's weights, taps (o, i, j) and outputs c, the kernel
+    flipped (_tap_major.h). Malloc'd; NULL when out of memory."""
+    cdef Py_ssize_t K = (shape[0] if transposed else shape[1]) * shape[2] * shape[3]
+    cdef floating* wt = <floating*>malloc(K * ldt * sizeof(floating))
+    if wt != NULL:
+        if floating is float:
+            cypool_tap_major_f32(w, shape, strides, transposed, ldt, wt)
+        else:
+            cypool_tap_major_f64(w, shape, strides, transposed, ldt, wt)
+    return wt
+
+
+cdef struct ConvJob:
+    # What every work item of a call shares, read-only.
+    PhaseGeom p
+    Py_ssize_t K              # taps (c, i, j)
+    Py_ssize_t O, Op          # output channels; padded to whole register tiles / blocks
+    Py_ssize_t OH, OW
+    Py_ssize_t L, G, ce       # virtual output length; chunks of it per image, chunk length
+    bint direct               # the phase buffer would be the image itself: read x in place
+    Py_ssize_t direct_spill   # read in place, images before this one have the next image after them
+    const Py_ssize_t* off     # tap offsets in the phase buffer
+
+
+cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
+                     Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
+                     Py_ssize_t dh, Py_ssize_t dw) noexcept nogil:
+    """Fill the rest of j (j.p set); 1 when out of memory."""
+    cdef Py_ssize_t* off = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
+    j.K = K; j.O = O; j.Op = Op; j.OH = OH; j.OW = OW; j.ce = ce
+    j.L = (OH - 1) * j.p.Wq + OW
+    j.G = (j.L + ce - 1) // ce
+    j.off = off
+    j.direct = False
+    if off == NULL:
+        return 1
+    _tap_offsets(&j.p, kh, kw, dh, dw, off)
+    return 0
+
+
+cdef inline void _job_free(ConvJob* j) noexcept nogil:
+    free(<void*>j.off)
+
+
+cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,
+                        floating[:, :, :, :] out, const ConvJob* j, Py_ssize_t Q,
+                        Team* team) noexcept nogil:
+    """Work items of a forward call, with buffers of this thread's own: all
+    Q of them (team NULL), or those this thread claims one at a time from
+    the call's team (_claim); 1 when out of memory. Item q is
+    chunk q % G of image q // G."""
+    cdef Py_ssize_t q, qend = -1, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
+    cdef Py_ssize_t so = out.strides[3] // <Py_ssize_t>sizeof(floating)  # output column step
+    # The narrowest vector tile (_conv_tiles.h): half a vector where
+    # there is one, else a third of the E block (one vector).
+    cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
+    cdef Py_ssize_t vt = eb // 6 if CYPOOL_VC_HALF_TAIL else eb // 3
+    cdef floating b
+    cdef floating* src
+    cdef floating* dst
+    cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
+    cdef floating* tmp = <floating*>malloc(j.Op * j.ce * sizeof(floating))
+    cdef const floating** xs = <const floating**>malloc(j.K * sizeof(void*))
+    cdef floating** outs = <floating**>malloc(j.Op * sizeof(void*))
+    cdef const floating** pp = _pack_new(j.K, <floating*>NULL)
+    cdef floating* pack = _pack_rows(pp, j.K)
+    cdef const floating* img = buf
+    cdef int failed = buf == NULL or tmp == NULL or xs == NULL or outs == NULL or pp == NULL
+    if not failed:
+        for o in range(j.Op):
+            outs[o] = tmp + o * j.ce
+        q = _claim(team, Q, 1, &qend) if team != NULL else 0
+        while q < Q:
+            n = q // j.G
+            if n != cur:
+                if j.direct:
+                    img = &x[n, 0, 0, 0]
+                else:
+                    _fill_phases(x, n, &j.p, buf)
+                cur = n
+            e_lo = (q % j.G) * j.ce
+            ne = min(j.ce, j.L - e_lo)
+            for t in range(j.K):
+                xs[t] = img + j.off[t] + e_lo
+            # Whole vectors: the end of the last one may read the buffer's
+            # slack (or, read in place, the next image), and its outputs past
+            # ne are not copied out. The last image read in place has nothing
+            # after it: its tiles stop at ne.
+            _vc_pixel(j.K, xs, wt, j.Op, 0,
+                      ne if j.direct and n >= j.direct_spill else min(j.ce, (ne + vt - 1) // vt * vt),
+                      j.O, outs, <const floating*>NULL, pack, pp)
+            # The chunk's real outputs (columns ow < OW), plus the bias.
+            for o in range(j.O):
+                b = bias[o] if bias != NULL else 0
+                e = e_lo
+                while e < e_lo + ne:
+                    oh = e // Wq
+                    ow = e - oh * Wq
+                    e_end = min(e_lo + ne, oh * Wq + Wq)
+                    if ow < j.OW:
+                        src = tmp + o * j.ce + (e - e_lo)
+                        dst = &out[n, o, oh, ow]
+                        if so == 1:
+                            for r in range(min(e_end, oh * Wq + j.OW) - e):
+                                dst[r] = src[r] + b
+                        else:
+                            for r in range(min(e_end, oh * Wq + j.OW) - e):
+                                dst[r * so] = src[r] + b
+                    e = e_end
+            q = _claim(team, Q, 1, &qend) if team != NULL and q + 1 >= qend else q + 1
+    free(buf)
+    free(tmp)
+    free(xs)
+    free(outs)
+    free(pp)
+    return failed
+
+
+def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any strides
+                   const floating[:, :, :, :] w,     # IN  (O, C, kh, kw), any strides; transposed: (C, O, kh, kw)
+                   bint transposed,
+                   const floating[::1] bias,         # IN  (O,), or empty for none
+                   floating[:, :, :, :] out,         # OUT (N, O, OH, OW), any strides
+                   Py_ssize_t uh, Py_ssize_t uw, Py_ssize_t plh, Py_ssize_t plw,
+                   Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t sh, Py_ssize_t sw,
+                   Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int num_threads):
+    """out = the convolution of x, seen as zero-padded to (Hp, Wp) with its
+    element (h, w) at (plh + h*uh, plw + w*uw), with stride (sh, sw) and
+    dilation (dh, dw). uh = uw = 1 for a forward pass. The input gradient
+    runs this on the output gradient with transposed=True: w is then the
+    forward's weight, and the convolution uses it flipped, its first two
+    axes swapped. ce: chunk of the virtual output. One thread runs without
+    an OpenMP region."""
+    cdef ConvJob j
+    cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw, Q
+    cdef Py_ssize_t O = out.shape[1], Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
+    cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
+    cdef floating* wt
+    cdef Team team
+    cdef int[1] failed
+    cdef int* fail = &failed[0]
+    _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
+    failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw)
+    # An unpadded stride-1 convolution of C-contiguous images: the phase
+    # buffer would be a copy of each image, so the taps read x in place.
+    j.direct = (uh == 1 and uw == 1 and sh == 1 and sw == 1 and plh == 0 and plw == 0
+                and Hp == x.shape[2] and Wp == x.shape[3]
+                and x.strides[3] == sizeof(floating) and x.strides[2] == x.shape[3] * sizeof(floating)
+                and x.strides[1] == x.shape[2] * x.shape[3] * sizeof(floating))
+    # Rounding a chunk up to whole vectors reads at most a vector past an
+    # image's end: inside x when the images are back to back, but the last.
+    j.direct_spill = (x.shape[0] - 1 if x.strides[0] == x.shape[1] * x.strides[1] else 0)
+    wt = _tap_major(<const char*>&w[0, 0, 0, 0], &w.shape[0], &w.strides[0], transposed, Op,
+                    <floating*>NULL)
+    Q = x.shape[0] * j.G
+    if not failed[0] and wt != NULL:
+        if num_threads == 1:
+            _set_serial_team()
+            with nogil:
+                failed[0] = _forward_items(x, wt, bptr, out, &j, Q, NULL)
+        else:
+            _team_begin(&team)
+            with nogil, parallel(num_threads=num_threads):
+                _note_team()
+                if _forward_items(x, wt, bptr, out, &j, Q, &team):
+                    fail[0] = 1
+            _team_end(&team)
+    _job_free(&j)
+    free(wt)
+    if failed[0] or wt == NULL:
+        raise MemoryError("cypool.conv2d: out of memory")

@@ -1,0 +1,11 @@
+# The convolution family, in the order its files depend on each other (each
+# file's first line says what it uses): the vector convolution and its
+# register tiles, the standard convolution on the same tiles, the direct
+# stride-1 kernels of small calls and the C memo of their repeats, and the
+# zonotope passes of certification. Compiled into every variant.
+include "_vconv.pxi"
+include "_conv.pxi"
+include "_conv_backward.pxi"
+include "_conv_direct.pxi"
+include "_conv_memo.pxi"
+include "_zonotope.pxi"
