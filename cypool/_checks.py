@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 from functools import lru_cache
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -156,12 +157,75 @@ def _padding_pair(padding):
     return ph, pw
 
 
-def step_params(stride, padding, dilation):
-    """Checked (sh, sw, ph, pw, dh, dw): positive strides and dilations,
-    non-negative padding."""
+class Steps(NamedTuple):
+    """Checked stride, padding and dilation of a window without its size."""
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+
+
+class Window(NamedTuple):
+    """A sliding window: its size, stride, (symmetric) padding and
+    dilation, in the order the pooling and vector-convolution kernels take
+    them (``*window``)."""
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+
+
+class WindowGeometry(NamedTuple):
+    """A window over an input, and the output size it gives: the checked
+    geometry of a max pooling (pool_geometry) or a vector convolution
+    (vector_conv_args)."""
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+    OH: int
+    OW: int
+
+    @property
+    def window(self) -> Window:
+        return Window(*self[:8])
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        return self.OH, self.OW
+
+
+class ConvGeometry(NamedTuple):
+    """The checked geometry of a standard convolution (conv_geometry): its
+    padding may differ on either side (padding='same')."""
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    ph0: int   # top
+    ph1: int   # bottom
+    pw0: int   # left
+    pw1: int   # right
+    OH: int
+    OW: int
+
+
+def step_params(stride, padding, dilation) -> Steps:
+    """Checked stride, padding and dilation: positive strides and
+    dilations, non-negative padding."""
     sh, sw, dh, dw = _stride_dilation(stride, dilation)
     ph, pw = _padding_pair(padding)
-    return sh, sw, ph, pw, dh, dw
+    return Steps(sh, sw, ph, pw, dh, dw)
 
 
 def window_params(kernel_size, stride, padding):
@@ -192,10 +256,11 @@ def _has_window_in_padding(n: int, out: int, k: int, s: int, p: int, d: int) -> 
     return False
 
 
-def pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
-    """Checked (kh, kw, sh, sw, ph, pw, dh, dw, OH, OW) of a max pooling
-    (cached per shape and parameters, keyed with their types, so that a
-    float or a list is checked as it is; plain ints are their own keys)."""
+def pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation,
+                  ceil_mode: bool) -> WindowGeometry:
+    """Checked geometry of a max pooling (cached per shape and parameters,
+    keyed with their types, so that a float or a list is checked as it is;
+    plain ints are their own keys)."""
     if (type(kernel_size) is int and (stride is None or type(stride) is int) and type(padding) is int
             and type(dilation) is int):
         return _pool_geometry(H, W, kernel_size, stride, padding, dilation, bool(ceil_mode))
@@ -226,7 +291,7 @@ def _pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_
             "padding/dilation: some pooling window lies wholly in the padding, so it has no "
             "maximum to index; reduce padding or dilation"
         )
-    return kh, kw, sh, sw, ph, pw, dh, dw, OH, OW
+    return WindowGeometry(kh, kw, sh, sw, ph, pw, dh, dw, OH, OW)
 
 
 def shape_arg(shape, name: str, ndim: int) -> tuple[int, ...]:
@@ -300,12 +365,11 @@ def conv_params(kh: int, kw: int, stride, padding, dilation):
     return (sh, sw, dh, dw) + conv_padding(padding, kh, kw, dh, dw, sh, sw)
 
 
-@lru_cache(maxsize=512)
-def conv_geometry(H: int, W: int, kh: int, kw: int, stride, padding, dilation):
+def conv_geometry(H: int, W: int, kh: int, kw: int, stride, padding, dilation) -> ConvGeometry:
     """Checked geometry of a 2-D convolution of an (H, W) plane with a
-    (kh, kw) kernel: (sh, sw, dh, dw, ph_lo, ph_hi, pw_lo, pw_hi, OH, OW).
-    stride, padding, dilation: as hashable() makes them."""
-    params = conv_params(kh, kw, unhashable(stride), unhashable(padding), unhashable(dilation))
+    (kh, kw) kernel. Not cached: a convolution's checks run once per kind
+    of call (cypool._conv_engine.checked)."""
+    params = conv_params(kh, kw, stride, padding, dilation)
     sh, sw, dh, dw, ph0, ph1, pw0, pw1 = params
     Hp, Wp = H + ph0 + ph1, W + pw0 + pw1
     if Hp < dh * (kh - 1) + 1 or Wp < dw * (kw - 1) + 1:
@@ -315,7 +379,7 @@ def conv_geometry(H: int, W: int, kh: int, kw: int, stride, padding, dilation):
         )
     OH = (Hp - dh * (kh - 1) - 1) // sh + 1
     OW = (Wp - dw * (kw - 1) - 1) // sw + 1
-    return params + (OH, OW)
+    return ConvGeometry(*params, OH, OW)
 
 
 def hashable(v):
@@ -373,6 +437,19 @@ def conv_channels(C: int, wshape: tuple, xname: str = "x") -> None:
 _NO_BIAS = {d: np.empty(0, d) for d in FLOAT_DTYPES}
 
 
+
+def _unset(a, shape: tuple, dtype: np.dtype, contiguous: bool) -> bool:
+    raise RuntimeError("cypool._checks.plain_array is set when cypool._conv_engine is imported")
+
+
+# plain_array(a, shape, dtype, contiguous): whether a bias or grad_output is
+# taken as it is. The compiled kernels' predicate, shared with their memo of
+# repeated calls (_kernels/_conv_memo.pxi), so that a repeat and a checked
+# call take the same arrays as they are; cypool._conv_engine sets it at
+# import.
+plain_array: Callable[[object, tuple, np.dtype, bool], bool] = _unset
+
+
 def no_bias(dtype: np.dtype) -> np.ndarray:
     """The empty array the convolution kernels take for 'no bias'."""
     return _NO_BIAS[dtype]
@@ -382,8 +459,7 @@ def bias_arg(bias, O: int, dtype: np.dtype) -> np.ndarray:
     """bias as a C-contiguous (O,) array of dtype, or no_bias() for None."""
     if bias is None:
         return _NO_BIAS[dtype]
-    if (type(bias) is np.ndarray and (bias.dtype is dtype or bias.dtype == dtype) and bias.shape == (O,)
-            and (bias.strides[0] == bias.itemsize or O == 1)):  # C-contiguous
+    if plain_array(bias, (O,), dtype, True):
         return bias
     b, _ = array(bias, "bias", (1,), floating_only=True)
     if b.dtype != dtype:
@@ -395,8 +471,7 @@ def bias_arg(bias, O: int, dtype: np.dtype) -> np.ndarray:
 
 def grad_output_arg(grad_output, dtype: np.dtype, want: tuple) -> np.ndarray:
     """grad_output of a convolution: of x's dtype and the output's shape."""
-    if (type(grad_output) is np.ndarray and (grad_output.dtype is dtype or grad_output.dtype == dtype)
-            and grad_output.shape == want):
+    if plain_array(grad_output, want, dtype, False):
         return grad_output
     g, _ = array(grad_output, "grad_output", (len(want),), floating_only=True)
     if g.dtype != dtype:
@@ -408,7 +483,7 @@ def grad_output_arg(grad_output, dtype: np.dtype, want: tuple) -> np.ndarray:
 
 def vector_conv_args(x, weight, stride, padding, dilation, xname: str = "x"):
     """The vector convolution's arrays and parameters, checked:
-    (x as 5-D, weight, batched?, ((kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW)))."""
+    (x as 5-D, weight, batched?, its WindowGeometry)."""
     x, weight = conv_arrays(x, weight, (4, 5), xname)
     batched = x.ndim == 5
     x5 = x if batched else x[None]
@@ -416,32 +491,22 @@ def vector_conv_args(x, weight, stride, padding, dilation, xname: str = "x"):
     O, _, kh, kw = weight.shape
     conv_channels(C, weight.shape, xname)
     sh, sw, ph, pw, dh, dw = step_params(stride, padding, dilation)
-    OH, OW = conv_geometry(H, W, kh, kw, hashable((sh, sw)), hashable((ph, pw)),
-                           hashable((dh, dw)))[-2:]
-    return x5, weight, batched, ((kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW))
+    g = conv_geometry(H, W, kh, kw, (sh, sw), (ph, pw), (dh, dw))
+    return x5, weight, batched, WindowGeometry(kh, kw, sh, sw, ph, pw, dh, dw, g.OH, g.OW)
 
 
-def cached_conv_checks(cache: dict, check, x, weight, stride, padding, dilation):
-    """check(x, weight, stride, padding, dilation), which returns (x with its
-    batch axis, weight, batched?, what the checks gave), skipped for a call
-    whose array shapes and dtypes and int parameters already passed them: a
-    training loop repeats its calls. Returns (x checked, without a batch
-    axis it lacked, weight, batched?, what the checks gave). Only ndarrays
-    and plain ints make a key (with the dtype's number; a hit needs the
-    very dtype objects that passed, numpy's own for each type); cache keeps
-    up to 256."""
-    key = None
-    if (type(x) is np.ndarray and type(weight) is np.ndarray and type(stride) is int
-            and type(padding) is int and type(dilation) is int):
-        dt = x.dtype
-        key = (x.shape, weight.shape, dt.num, stride, padding, dilation)
-        hit = cache.get(key)
-        if hit is not None and hit[0] is dt and weight.dtype is dt:
-            return x, weight, hit[1], hit[2]
-    xb, weight, batched, result = check(x, weight, stride, padding, dilation)
-    if key is not None and len(cache) < 256 and weight.dtype is x.dtype:
-        cache[key] = (x.dtype, batched, result)
-    return (xb if batched else xb[0]), weight, batched, result
+def call_key(x, weight, stride, padding, dilation):
+    """A convolution call's key in the cache of checked calls
+    (cypool._conv_engine.checked): its arrays' shapes and dtype, and its
+    parameters exactly (hashable()); None for arrays that are not plain
+    ndarrays. With the dtype's number: a hit also needs the very dtype
+    objects that passed (numpy's own for each type)."""
+    if type(x) is not np.ndarray or type(weight) is not np.ndarray:
+        return None
+    if type(stride) is int and type(padding) is int and type(dilation) is int:
+        return x.shape, weight.shape, x.dtype.num, stride, padding, dilation
+    return (x.shape, weight.shape, x.dtype.num, hashable(stride), hashable(padding),
+            hashable(dilation))
 
 
 def same_shape(a_shape: tuple, b_shape: tuple, a_name: str, b_name: str) -> None:

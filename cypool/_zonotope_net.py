@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from . import _checks as chk
+from ._conv_engine import tiles_forward
 from .zonotope import (_box, _dense_into, _from_box, _relu, _zonotope, certify, conv2d)
 
 __all__ = ["Network"]
@@ -423,25 +424,22 @@ def _tail_conv(conv, z, idx, mu, alloc):
     """conv.forward of z with the new generators (idx, mu) appended, for
     an unbatched (C, H, W, E) z: the tiles over z, the generators
     scattered."""
-    from .vector_conv import tiles_forward
-
-    x5, weight, _, (geom, (OH, OW)) = chk.vector_conv_args(z, conv.weight, conv.stride, conv.padding,
-                                                           conv.dilation)
-    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    x5, weight, _, geom = chk.vector_conv_args(z, conv.weight, conv.stride, conv.padding,
+                                               conv.dilation)
     _, C, H, W, E = x5.shape
     O, k, dt = weight.shape[0], idx.size, weight.dtype
     b = chk.bias_arg(conv.bias, O, dt)
-    out = alloc((1, O, OH, OW, E + k), dt)
-    tiles_forward(x5, weight, b, out[..., :E], geom, chk.num_threads_arg(conv.num_threads))
-    _scatter_tail(out[0, ..., E:], idx, mu, weight, geom, H, W)
+    out = alloc((1, O, geom.OH, geom.OW, E + k), dt)
+    tiles_forward(x5, weight, b, out[..., :E], geom.window, chk.num_threads_arg(conv.num_threads))
+    _scatter_tail(out[0, ..., E:], idx, mu, weight, geom.window, H, W)
     return out[0]
 
 
-def _scatter_tail(tail, idx, mu, weight, geom, H, W):
-    """tail (O, OH, OW, k) = the convolution (geometry geom) of the k
+def _scatter_tail(tail, idx, mu, weight, window: chk.Window, H, W):
+    """tail (O, OH, OW, k) = the convolution (by window) of the k
     generators that are mu[g] at neuron idx[g] of a (C, H, W) image and
     0 elsewhere: one product an output."""
-    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    kh, kw, sh, sw, ph, pw, dh, dw = window
     _, OH, OW, k = tail.shape
     tail.fill(0)
     c, h, w = idx // (H * W), idx // W % H, idx % W
@@ -533,9 +531,9 @@ def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
     # the ReLU on banded storage: a row's zeros beyond its band change nothing
     zr, idx, mu = _relu(zb, chk.num_threads_arg(relu.num_threads), ws.taker(zb), apart=True)
     t2 = time.perf_counter()
-    x5, _, _, (geom, (OH2, OW2)) = chk.vector_conv_args(np.broadcast_to(np.zeros((), dt), (O1, OH1, OW1, 1)),
-                                                        w2, conv2.stride, conv2.padding, conv2.dilation)
-    kh2, kw2, sh2, sw2, ph2, pw2, dh2, dw2 = geom
+    x5, _, _, geom = chk.vector_conv_args(np.broadcast_to(np.zeros((), dt), (O1, OH1, OW1, 1)),
+                                          w2, conv2.stride, conv2.padding, conv2.dilation)
+    kh2, kw2, sh2, sw2, ph2, pw2, dh2, dw2, OH2, OW2 = geom
     O2, k = w2.shape[0], idx.size
     out = ws.taker(zr)((O2, OH2, OW2, 1 + n + k), dt)
     bands = [(0, 0)] * OH2  # output row r's box generators: [lo, hi)
@@ -558,7 +556,7 @@ def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
         row[..., 1 + u_lo:1 + u_hi] = res[:, 0, :, 1:]
         row[..., 1 + u_hi:1 + n] = 0
         bands[r] = (u_lo, u_hi)
-    _scatter_tail(out[..., 1 + n:], idx, mu, w2, geom, OH1, OW1)
+    _scatter_tail(out[..., 1 + n:], idx, mu, w2, geom.window, OH1, OW1)
     if times is not None:
         t3 = time.perf_counter()
         times["VectorConv2d"] = times.get("VectorConv2d", 0.0) + (t1 - t0) + (t3 - t2)

@@ -46,6 +46,7 @@ except ImportError as e:  # pragma: no cover - exercised only without dask
 from . import _checks as chk
 from . import argmax as _argmax
 from . import pooling as _pooling
+from . import _conv_engine as _engine
 from . import vector_conv as _vconv
 
 __all__ = ["argmax2d", "max_pool2d", "max_pool2d_backward", "vector_conv2d", "vector_conv2d_backward"]
@@ -129,7 +130,7 @@ def _counter(geometry, axis: int):
     return count
 
 
-def _spatial_grid(x: da.Array, window: tuple, out_hw: tuple, geometry, hw_axes=(-2, -1)):
+def _spatial_grid(x: da.Array, window: chk.Window, out_hw: tuple, geometry, hw_axes=(-2, -1)):
     """(row blocks, column blocks) of _axis_blocks that cut the out_hw
     output of x, whose rows and columns are the axes hw_axes, for windows
     (kh, kw, sh, sw, ph, pw, dh, dw)."""
@@ -264,9 +265,9 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
 
     def geometry(length, axis):
         hw = (length, W) if axis == 0 else (H, length)
-        return chk.pool_geometry(*hw, kernel_size, stride, padding, dilation, ceil_mode)[8 + axis]
+        return chk.pool_geometry(*hw, kernel_size, stride, padding, dilation, ceil_mode).out_hw[axis]
 
-    rows, cols = _spatial_grid(x, geom[:8], geom[8:], geometry)
+    rows, cols = _spatial_grid(x, geom.window, geom.out_hw, geometry)
     outs, idxs = [], []
     for r in rows:
         orow, irow = [], []
@@ -326,12 +327,11 @@ def _conv_block(block, weight, bias, r, c, params, num_threads, block_info=None)
 
 
 def _conv_checks(x, weight, stride, padding, dilation, num_threads):
-    """(x, weight, (kh, kw, sh, sw, ph, pw, dh, dw), (OH, OW), threads), by
-    the in-memory checks."""
+    """(x, weight, its chk.WindowGeometry, threads), by the in-memory checks."""
     x = _dask(x, "x")
     weight = _small(weight)
-    _, weight, _, (geom, out_hw) = chk.vector_conv_args(_shadow(x), weight, stride, padding, dilation)
-    return x, weight, geom, out_hw, chk.num_threads_arg(num_threads) or None
+    _, weight, _, geom = chk.vector_conv_args(_shadow(x), weight, stride, padding, dilation)
+    return x, weight, geom, chk.num_threads_arg(num_threads) or None
 
 
 def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_threads=1):
@@ -342,8 +342,7 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     holds component 0; C is brought into one chunk; spatial chunks read
     their receptive field from their neighbours. ``num_threads`` is per task.
     """
-    x, weight, geom, (OH, OW), nt = _conv_checks(x, weight, stride, padding, dilation, num_threads)
-    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    x, weight, geom, nt = _conv_checks(x, weight, stride, padding, dilation, num_threads)
     O = weight.shape[0]
     bias = chk.bias_arg(_small(bias), O, x.dtype) if bias is not None else None
     H, W = x.shape[-3:-1]
@@ -351,10 +350,11 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
 
     def geometry(length, axis):
         hw = (length, W) if axis == 0 else (H, length)
-        return chk.conv_geometry(*hw, kh, kw, chk.hashable((sh, sw)), chk.hashable((ph, pw)),
-                                 chk.hashable((dh, dw)))[8 + axis]
+        g = chk.conv_geometry(*hw, geom.kh, geom.kw, (geom.sh, geom.sw), (geom.ph, geom.pw),
+                              (geom.dh, geom.dw))
+        return (g.OH, g.OW)[axis]
 
-    rows, cols = _spatial_grid(x, geom, (OH, OW), geometry, (-3, -2))
+    rows, cols = _spatial_grid(x, geom.window, geom.out_hw, geometry, (-3, -2))
     grid = []
     for r in rows:
         row = []
@@ -401,7 +401,8 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     0 over the chunks that hold it: deterministic for a given chunking, and
     equal to the in-memory ones up to rounding.
     """
-    x, weight, geom, (OH, OW), nt = _conv_checks(x, weight, stride, padding, dilation, num_threads)
+    x, weight, geom, nt = _conv_checks(x, weight, stride, padding, dilation, num_threads)
+    OH, OW = geom.out_hw
     g = _dask(grad_output, "grad_output")
     batched = x.ndim == 5
     want = ((x.shape[0],) if batched else ()) + (weight.shape[0], OH, OW, x.shape[-1])
@@ -411,7 +412,7 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     g = g.rechunk(x.chunks[:lead] + ((want[lead],), (OH,), (OW,), x.chunks[-1]))
     params = (stride, padding, dilation)
     # the whole array's kernels, in every chunk
-    small_e = _vconv.backward_by_conv(x.shape[-1], *geom[2:4])
+    small_e = _engine.backward_by_conv(x.shape[-1], geom.sh, geom.sw)
     grad_x = grad_w = None
     if needs_input_grad:
         fn = partial(_input_grad_block, weight=weight, params=params, small_e=small_e, num_threads=nt)

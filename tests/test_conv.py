@@ -271,22 +271,15 @@ def test_unpadded_stride1_reads_images_in_place(rng, k):
 def forced_path(monkeypatch):
     """force(path): every stride-1 convolution after it runs on the direct
     kernels ("direct", small or not) or on the phase kernels ("phase")."""
-    from cypool import _backend, conv, vector_conv
-
-    def clear():
-        conv._plan.cache_clear()
-        conv._checked.clear()
-        vector_conv._checked.clear()
-        for isa in _backend.RUNNABLE_ISAS:
-            _backend._load(isa).memo_forget()
+    from cypool import _conv_engine as engine
 
     def force(path):
         rule = (lambda sh, sw, serial: sh == sw == 1) if path == "direct" else (lambda *a: False)
-        monkeypatch.setattr(conv, "takes_direct", rule)
-        clear()
+        monkeypatch.setattr(engine, "takes_direct", rule)
+        engine.forget()  # the one cache of checked calls, and the C memo
 
     yield force
-    clear()
+    engine.forget()
 
 
 @pytest.mark.parametrize("path", ["direct", "phase"])
@@ -311,11 +304,11 @@ def test_both_stride1_kernels_match_reference(rng, forced_path, path, trial):
 
 
 def test_small_stride1_calls_take_the_direct_kernels():
-    from cypool import conv
-    assert conv.plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 0, 1).direct
-    assert conv.plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 2, 2).direct
-    assert not conv.plan((1, 1, 28, 28), (2, 1, 5, 5), 2, 0, 1).direct  # strided
-    assert not conv.plan((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1).direct  # a team's work
+    from cypool._conv_engine import plan
+    assert plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 0, 1).direct
+    assert plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 2, 2).direct
+    assert not plan((1, 1, 28, 28), (2, 1, 5, 5), 2, 0, 1).direct  # strided
+    assert not plan((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1).direct  # a team's work
 
 
 @pytest.mark.parametrize("path", ["direct", "phase"])

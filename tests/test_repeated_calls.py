@@ -1,4 +1,4 @@
-"""Repeats of checked small convolution calls (cypool/_conv_memo.pxi): the
+"""Repeats of checked small convolution calls (cypool/_kernels/_conv_memo.pxi): the
 kernels remember a call that passed the Python checks and run its repeats
 without them. A repeat must give what the checked call gives, and any
 call that differs in a way the checks look at (a bias, grad_output or
@@ -9,7 +9,7 @@ import pytest
 
 import cypool
 import reference as ref
-from cypool import _backend
+from cypool import _conv_engine as engine
 
 CASES = [  # (function family, x shape, weight shape): small calls on the direct kernels
     ("conv", (1, 28, 28), (2, 1, 5, 5)),
@@ -29,8 +29,7 @@ def backward(family):
 
 @pytest.fixture(autouse=True)
 def forget():
-    for isa in _backend.RUNNABLE_ISAS:
-        _backend._load(isa).memo_forget()
+    engine.forget()
     yield
 
 
@@ -111,6 +110,37 @@ def test_a_repeat_with_bad_arguments_gets_the_checks_error(rng, family, xs, ws):
     np.testing.assert_array_equal(forward(family)(x, w, b2), out)
     np.testing.assert_array_equal(forward(family)(x, w, list(b)), out)
     np.testing.assert_array_equal(forward(family)(x, w, b, (1, 1)), out)
+
+
+@pytest.mark.parametrize("family, xs, ws", CASES)
+def test_one_predicate_takes_a_bias_or_grad_output_as_it_is(rng, family, xs, ws):
+    # The memo runs a repeat exactly when the Python checks would take its
+    # bias and grad_output as they are (_checks.plain_array, the kernels'
+    # own predicate); any other is left to the Python path, which converts
+    # it or raises.
+    from cypool import _backend, _checks
+
+    x = rng.standard_normal(xs)
+    w = rng.standard_normal(ws)
+    O, dt = ws[0], x.dtype
+    out = forward(family)(x, w)
+    g = rng.standard_normal(out.shape)
+    backward(family)(g, x, w)  # both remembered now
+    fam = engine.CONV2D if family == "conv" else engine.VECTOR_CONV2D
+    memo_forward, memo_backward = _backend.kernel("memo_forward"), _backend.kernel("memo_backward")
+    b = rng.standard_normal(O)
+    biases = [b, np.repeat(b, 2)[::2], b[::-1], b.astype(np.float32), b.astype(">f8"), list(b),
+              b[:-1], b.reshape(1, O), b.view(np.matrix).reshape(-1)]
+    for bias in biases:
+        plain = _checks.plain_array(bias, (O,), dt, True)
+        assert (memo_forward(fam, x, w, bias, 1, 0, 1, None) is not None) is plain
+    assert _checks.plain_array(b, (O,), dt, True) and not _checks.plain_array(b[::-1], (O,), dt, True)
+    grads = [g, g[..., ::-1], np.asfortranarray(g), g.astype(np.float32), g.astype(">f8"),
+             g[..., :-1], g[None]]
+    for go in grads:
+        plain = _checks.plain_array(go, out.shape, dt, False)
+        assert (memo_backward(fam, go, x, w, 1, 0, 1, True, True, None) is not None) is plain
+    assert _checks.plain_array(g[..., ::-1], out.shape, dt, False)  # any strides
 
 
 def test_an_array_subclass_is_checked_the_python_way(rng):

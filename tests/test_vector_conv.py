@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import cypool
-import cypool.vector_conv as vc
+import cypool._conv_engine as vc
 import reference as ref
 from helpers import torch_or_skip
 
@@ -275,7 +275,7 @@ def test_layer_bad_parameters():
 
 def test_e_chunked_sweep_matches(rng, monkeypatch):
     # Large E is swept in chunks over all pixels; force tiny chunks here.
-    import cypool.vector_conv as vc
+    import cypool._conv_engine as vc
     x = rng.standard_normal((1, 3, 6, 7, 70))
     w = rng.standard_normal((5, 3, 3, 2))
     b = rng.standard_normal(5)
@@ -347,7 +347,7 @@ def test_strided_e8_both_ways(rng, taps_c):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_small_e_sweep_matches_reference(rng, E, dtype):
     # The E values of the small-E sweep, on both sides of each crossover
-    # (cypool.vector_conv.forward_by_conv / backward_by_conv), batched,
+    # (cypool._conv_engine.forward_by_conv / backward_by_conv), batched,
     # with padding, stride and dilation, and ties and specials in x.
     x = rng.standard_normal((2, 3, 11, 9, E)).astype(dtype)
     x[0, 1, 2, 3, :] = 0.0
