@@ -165,8 +165,8 @@ cdef struct ConvJob:
     Py_ssize_t O, Op          # output channels; padded to whole register tiles / blocks
     Py_ssize_t OH, OW
     Py_ssize_t L, G, ce       # virtual output length; chunks of it per image, chunk length
-    bint direct               # the phase buffer would be the image itself: read x in place
-    Py_ssize_t direct_spill   # read in place, images before this one have the next image after them
+    bint in_place             # the phase buffer would be the image itself: read x in place
+    Py_ssize_t in_place_spill # read in place, images before this one have the next image after them
     const Py_ssize_t* off     # tap offsets in the phase buffer
 
 
@@ -179,7 +179,7 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
     j.L = (OH - 1) * j.p.Wq + OW
     j.G = (j.L + ce - 1) // ce
     j.off = off
-    j.direct = False
+    j.in_place = False
     if off == NULL:
         return 1
     _tap_offsets(&j.p, kh, kw, dh, dw, off)
@@ -221,7 +221,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
         while q < Q:
             n = q // j.G
             if n != cur:
-                if j.direct:
+                if j.in_place:
                     img = &x[n, 0, 0, 0]
                 else:
                     _fill_phases(x, n, &j.p, buf)
@@ -235,7 +235,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
             # ne are not copied out. The last image read in place has nothing
             # after it: its tiles stop at ne.
             _vc_pixel(j.K, xs, wt, j.Op, 0,
-                      ne if j.direct and n >= j.direct_spill else min(j.ce, (ne + vt - 1) // vt * vt),
+                      ne if j.in_place and n >= j.in_place_spill else min(j.ce, (ne + vt - 1) // vt * vt),
                       j.O, outs, <const floating*>NULL, pack, pp)
             # The chunk's real outputs (columns ow < OW), plus the bias.
             for o in range(j.O):
@@ -291,13 +291,13 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw)
     # An unpadded stride-1 convolution of C-contiguous images: the phase
     # buffer would be a copy of each image, so the taps read x in place.
-    j.direct = (uh == 1 and uw == 1 and sh == 1 and sw == 1 and plh == 0 and plw == 0
+    j.in_place = (uh == 1 and uw == 1 and sh == 1 and sw == 1 and plh == 0 and plw == 0
                 and Hp == x.shape[2] and Wp == x.shape[3]
                 and x.strides[3] == sizeof(floating) and x.strides[2] == x.shape[3] * sizeof(floating)
                 and x.strides[1] == x.shape[2] * x.shape[3] * sizeof(floating))
     # Rounding a chunk up to whole vectors reads at most a vector past an
     # image's end: inside x when the images are back to back, but the last.
-    j.direct_spill = (x.shape[0] - 1 if x.strides[0] == x.shape[1] * x.strides[1] else 0)
+    j.in_place_spill = (x.shape[0] - 1 if x.strides[0] == x.shape[1] * x.strides[1] else 0)
     wt = _tap_major(<const char*>&w[0, 0, 0, 0], &w.shape[0], &w.strides[0], transposed, Op,
                     <floating*>NULL)
     Q = x.shape[0] * j.G

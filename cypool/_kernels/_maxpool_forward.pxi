@@ -15,7 +15,7 @@ cdef void _pool_plane_rows(const value_t* xp, value_t* op, index_t* ip,
     cdef index_t* irow = NULL
     cdef const value_t** rows = <const value_t**>ws.rows
     cdef bint plain = g.dh == 1 and g.dw == 1
-    if not g.direct_cols:
+    if not g.in_place_cols:
         for slot in range(g.R):
             ws.tag[slot] = -1
     for slot in range(3):
@@ -131,7 +131,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
     g.Wp = max((g.OW - 1) * sw + (kw - 1) * dw + 1, pw + g.W)
     g.R = (kh - 1) * dh + 1
     g.separable3 = kh == 3 and kw == 3 and dh == 1 and dw == 1 and (sw == 1 or sw == 2)
-    g.direct_cols = pw == 0 and (g.OW - 1) * sw + (kw - 1) * dw + 1 <= g.W
+    g.in_place_cols = pw == 0 and (g.OW - 1) * sw + (kw - 1) * dw + 1 <= g.W
     g.flat3 = (g.separable3 and sh == 1 and sw == 1 and ph == 1 and pw == 1
                and not scalar_only and g.W <= _FLAT3_MAX_W
                and (g.H + 2) * g.W <= _FLAT3_MAX)

@@ -63,7 +63,7 @@ cdef struct PoolGeom:
     Py_ssize_t kh, kw, sh, sw, ph, pw, dh, dw
     Py_ssize_t Wp          # padded row length: covers every window of a row
     Py_ssize_t R           # ring slots: input rows one output row spans
-    bint direct_cols       # rows need no column padding: read the plane itself
+    bint in_place_cols       # rows need no column padding: read the plane itself
     bint separable3        # 3x3, no dilation, stride 1 or 2 along rows
     bint flat3             # 3x3, stride 1, padding 1, no dilation, small plane
     bint stream_idx        # indices go through ibuf (int32) and streaming stores
@@ -188,7 +188,7 @@ cdef inline void _row_generic(const value_t** rows, value_t* orow, index_t* irow
 
 cdef struct Workspace:
     # One per thread, allocated as one block by _workspace_new.
-    void* ring             # R padded rows of Wp values (unless direct_cols)
+    void* ring             # R padded rows of Wp values (unless in_place_cols)
     Py_ssize_t* tag        # input row held by each ring slot, -1 for none
     void** rows            # kh row pointers for the current output row
     int32_t* code          # per-column window codes (generic path)
@@ -212,7 +212,7 @@ cdef Workspace* _workspace_new(const PoolGeom* g, size_t itemsize, value_t low) 
     One allocation rather than five: at batch size 1 the allocator is a
     visible share of a call."""
     cdef Py_ssize_t q
-    cdef bint ring = not (g.direct_cols or g.flat3)
+    cdef bint ring = not (g.in_place_cols or g.flat3)
     cdef size_t n_ring = g.R * g.Wp if ring else 0
     cdef size_t n_tag = g.R if ring else 0
     cdef size_t off_rows = _round_up(sizeof(Workspace))
@@ -261,7 +261,7 @@ cdef inline const value_t* _input_row(const value_t* xp, const value_t* low_row,
     cdef value_t* dst
     if ih < 0 or ih >= g.H:
         return low_row
-    if g.direct_cols:
+    if g.in_place_cols:
         return xp + ih * g.W
     slot = ih % g.R
     dst = (<value_t*>ws.ring) + slot * g.Wp
@@ -295,7 +295,7 @@ cdef inline void _vert3(const value_t* v0, const int32_t* c0, const value_t* v1,
                         Py_ssize_t OW, int32_t W, Py_ssize_t origin, value_t low,
                         const Py_ssize_t S) noexcept nogil:
     """Vertical half: the three rows' maxima in order, so the first maximum in
-    row-major window order wins, as in the direct scan."""
+    row-major window order wins, as in the per-window scan."""
     cdef Py_ssize_t ow
     cdef int32_t k
     cdef bint ok
