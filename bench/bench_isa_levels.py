@@ -48,7 +48,7 @@ def timed_by_level(levels, reps, case, fn, kernel_name):
     """(case naming its default level, median seconds per level), timed now:
     fn refers to the caller's loop variables."""
     # (the AVX-512 build has no max-pool or argmax kernels: _backend.CAPPED)
-    levels = [lv for lv in levels if hasattr(_backend._load(lv), kernel_name)]
+    levels = [lv for lv in levels if hasattr(_backend.load_variant(lv), kernel_name)]
     res = compare({lv: at_level(lv, fn) for lv in levels}, reps)
     return f"{case} [default {_backend.isa_for(kernel_name)}]", res
 

@@ -67,7 +67,7 @@ def _cpuid_features() -> dict:
     portable baseline, or the only variant of a CYPOOL_NATIVE=1 build."""
     for name in ("baseline", "native"):
         if _built(name):
-            return _load(name).cpu_features()
+            return load_variant(name).cpu_features()
     return {}
 
 
@@ -98,7 +98,9 @@ def _built(name) -> bool:
     return importlib.util.find_spec(f"cypool._kernels_{name}") is not None
 
 
-def _load(name):
+def load_variant(name: str):
+    """The compiled module of variant `name` (only one the CPU runs: see
+    _built)."""
     return importlib.import_module(f"cypool._kernels_{name}")
 
 
@@ -122,11 +124,11 @@ def _choose(feats=None):
         missing = missing_features(forced, feats)
         if missing:  # its code would stop the process with SIGILL
             raise ImportError(f"{ISA_ENV}={forced!r}, but this CPU lacks {', '.join(missing)}")
-        return forced, _load(forced), built, True
+        return forced, load_variant(forced), built, True
     for name, _ in LEVELS:
         if name in built and not missing_features(name, feats):
-            return name, _load(name), built, False
-    return "baseline", _load("baseline"), built, False
+            return name, load_variant(name), built, False
+    return "baseline", load_variant("baseline"), built, False
 
 
 CPU_FEATURES = _cpu_features()
@@ -148,7 +150,7 @@ def isa_for(name: str) -> str:
 
 def module_for(name: str):
     """The compiled module that runs kernel `name` (see isa_for)."""
-    return _load(isa_for(name))
+    return load_variant(isa_for(name))
 
 
 def _last_level_cache() -> int:

@@ -80,7 +80,7 @@ def forget() -> None:
     this CPU runs (for tests that change a rule)."""
     _calls.clear()
     for isa in _backend.RUNNABLE_ISAS:
-        _backend._load(isa).memo_forget()
+        _backend.load_variant(isa).memo_forget()
 
 
 # A bias or grad_output is taken as it is by one predicate, the memo's.

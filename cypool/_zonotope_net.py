@@ -21,7 +21,8 @@ import numpy as np
 
 from . import _checks as chk
 from ._conv_engine import tiles_forward
-from .zonotope import (_box, _dense_into, _from_box, _relu, _zonotope, certify, conv2d)
+from ._zonotope_ops import as_zonotope, box, dense_into, from_box_into, relu_into
+from .zonotope import certify, conv2d
 
 __all__ = ["Network"]
 
@@ -158,7 +159,7 @@ class Network:
                         and isinstance(layers[1], VectorFlatten) and isinstance(layers[2], VectorLinear) \
                         and layers[2].weight.shape[1] == z[..., 0].size and layers[2].weight.dtype == z.dtype:
                     t1 = time.perf_counter()
-                    z, idx, mu = _relu(z, chk.num_threads_arg(layers[0].num_threads), ws.taker(z), apart=True)
+                    z, idx, mu = relu_into(z, chk.num_threads_arg(layers[0].num_threads), ws.taker(z), apart=True)
                     t2 = time.perf_counter()
                     z = _banded_dense(z, idx, mu, layers[2], band, ws)
                     if times is not None:
@@ -170,7 +171,7 @@ class Network:
             key = "VectorConv2d"
             layers = layers[1:] if z is not None else layers
         if z is None:
-            z = _from_box(x, eps, clip, self._dtype(), ws.taker(None))
+            z = from_box_into(x, eps, clip, self._dtype(), ws.taker(None))
             key = "from_box"
         if times is not None and t0 is not None:
             times[key] = times.get(key, 0.0) + time.perf_counter() - t0
@@ -211,7 +212,7 @@ def _step(layers, pos, z, tail, ws):
             return res, None
         z = _append(z, *tail, ws.taker(z))
     if isinstance(layer, VectorReLU) and _affine_next(layers, pos + 1):
-        z, idx, mu = _relu(_zonotope(z), chk.num_threads_arg(layer.num_threads), ws.taker(z),
+        z, idx, mu = relu_into(as_zonotope(z), chk.num_threads_arg(layer.num_threads), ws.taker(z),
                            apart=True)
         return z, (idx, mu)
     into = getattr(layer, "_forward_into", None)
@@ -382,7 +383,7 @@ def _box_conv(x, eps, clip, conv, alloc):
     one product, as in the dense convolution (whose other terms are
     zeros); only the centre's sum may round differently. None where x is
     not an image for this convolution (the dense path then checks it)."""
-    shape, centre, half, free = _box(x, eps, clip)
+    shape, centre, half, free = box(x, eps, clip)
     w = conv.weight
     O, C, kh, kw = w.shape
     if len(shape) != 3 or shape[0] != C:
@@ -461,7 +462,7 @@ def _tail_linear(dense, z, idx, mu, alloc):
     O, E, k = weight.shape[0], z.shape[1], idx.size
     out = alloc((O, E + k), z.dtype)
     b = chk.bias_arg(dense.bias, O, z.dtype)
-    _dense_into(chk.contiguous(z, z.dtype), weight, b, out[:, :E], chk.num_threads_arg(dense.num_threads))
+    dense_into(chk.contiguous(z, z.dtype), weight, b, out[:, :E], chk.num_threads_arg(dense.num_threads))
     np.multiply(weight[:, idx], mu, out=out[:, E:])
     return out
 
@@ -490,7 +491,7 @@ def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
     """conv2(relu(conv1(box))) of an image x, by bands; None where x is not
     an image for conv1 or conv2 does not take conv1's output (the general
     path then checks it). The ReLU's new generators follow the box's."""
-    shape, centre, half, _ = _box(x, eps, clip)
+    shape, centre, half, _ = box(x, eps, clip)
     w1, w2 = conv1.weight, conv2.weight
     if len(shape) != 3 or shape[0] != w1.shape[1] or w2.shape[1] != w1.shape[0] \
             or w2.dtype != w1.dtype:
@@ -529,7 +530,7 @@ def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
     zb[:, r, q, 1 + gg - lo[r]] = w1[:, c_idx, i, j] * half[pix[gg]].astype(dt)
     t1 = time.perf_counter()
     # the ReLU on banded storage: a row's zeros beyond its band change nothing
-    zr, idx, mu = _relu(zb, chk.num_threads_arg(relu.num_threads), ws.taker(zb), apart=True)
+    zr, idx, mu = relu_into(zb, chk.num_threads_arg(relu.num_threads), ws.taker(zb), apart=True)
     t2 = time.perf_counter()
     x5, _, _, geom = chk.vector_conv_args(np.broadcast_to(np.zeros((), dt), (O1, OH1, OW1, 1)),
                                           w2, conv2.stride, conv2.padding, conv2.dilation)
@@ -579,7 +580,7 @@ def _banded_dense(z, idx, mu, dense, band, ws):
     out = ws.taker(z)((O, E + k), dt)
     rest = np.concatenate([z2[:, :1], z2[:, 1 + n:]], axis=1)  # the centre, then columns 1 + n on
     part = np.empty((O, rest.shape[1]), dt)
-    _dense_into(rest, weight, chk.bias_arg(dense.bias, O, dt), part, nt)
+    dense_into(rest, weight, chk.bias_arg(dense.bias, O, dt), part, nt)
     out[:, :1] = part[:, :1]
     out[:, 1 + n:E] = part[:, 1:]
     out[:, 1:1 + n] = 0
@@ -588,7 +589,7 @@ def _banded_dense(z, idx, mu, dense, band, ws):
         if hi > lo:
             rows = neurons[:, r].ravel()
             block = np.empty((O, hi - lo), dt)
-            _dense_into(np.ascontiguousarray(z2[rows, 1 + lo:1 + hi]), np.ascontiguousarray(weight[:, rows]),
+            dense_into(np.ascontiguousarray(z2[rows, 1 + lo:1 + hi]), np.ascontiguousarray(weight[:, rows]),
                         chk.no_bias(dt), block, nt)
             out[:, 1 + lo:1 + hi] += block
     np.multiply(weight[:, idx], mu, out=out[:, E:])

@@ -15,6 +15,7 @@ from .pooling import backward_from_forward, max_pool2d, max_pool2d_backward, max
 from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
 from . import zonotope
+from ._zonotope_ops import as_zonotope, relu_into
 
 __all__ = ["Layer", "MaxPool2d", "MaxUnpool2d", "GlobalMaxPool2d", "Conv2d", "VectorConv2d", "Linear",
            "ReLU", "Flatten", "VectorLinear", "VectorReLU", "VectorFlatten"]
@@ -456,7 +457,7 @@ class VectorReLU(Layer):
 
     def _forward_into(self, z, alloc):
         """forward(z) into alloc(shape, dtype) (zonotope.Network's buffers)."""
-        return zonotope._relu(zonotope._zonotope(z), chk.num_threads_arg(self.num_threads), alloc)
+        return relu_into(as_zonotope(z), chk.num_threads_arg(self.num_threads), alloc)
 
     def __repr__(self):
         return "VectorReLU()"

@@ -28,42 +28,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
-from ._backend import kernel, padded_columns, threads_for, work
+from ._zonotope_ops import (as_zonotope, bounds_rows, dense_into, from_box_into, relu_into,
+                             rows)
 from .vector_conv import vector_conv2d as conv2d
 
 __all__ = ["from_box", "bounds", "relu", "linear", "flatten", "conv2d", "certify", "Network"]
-
-
-def _zonotope(z, name: str = "z", ndims: tuple | None = None) -> np.ndarray:
-    """z checked: a float32/float64 array with a component axis (its last)
-    and no empty dimension."""
-    z, _ = chk.array(z, name, ndims or tuple(range(1, 33)), floating_only=True)
-    return z
-
-
-def _real_array(v, name: str) -> np.ndarray:
-    """v as a float64 array of finite values (bools and non-numbers refused)."""
-    a = np.asarray(v)
-    if a.dtype == object or a.dtype.kind not in "iuf":
-        raise TypeError(f"{name} must be real numbers, got dtype {a.dtype}")
-    a = a.astype(np.float64, copy=False)
-    if not np.isfinite(a).all():
-        raise ValueError(f"{name} must be finite")
-    return a
-
-
-def _clip_arg(clip) -> tuple[float, float]:
-    if clip is None:
-        return -np.inf, np.inf
-    if not isinstance(clip, (tuple, list)) or len(clip) != 2:
-        raise ValueError(f"clip must be None or a pair (lo, hi), got {clip!r}")
-    lo, hi = (_real_array(c, "clip") if np.ndim(c) == 0 else None for c in clip)
-    if lo is None or hi is None:
-        raise ValueError(f"clip must be None or a pair of numbers (lo, hi), got {clip!r}")
-    lo, hi = float(lo), float(hi)
-    if not lo <= hi:
-        raise ValueError(f"clip must be in order, lo <= hi, got {clip!r}")
-    return lo, hi
 
 
 def from_box(x, eps, clip=(0.0, 1.0), *, dtype=np.float64) -> np.ndarray:
@@ -88,54 +57,7 @@ def from_box(x, eps, clip=(0.0, 1.0), *, dtype=np.float64) -> np.ndarray:
         whose box is a point (``eps == 0``, or clipped to one value), which
         get none: n counts the others.
     """
-    return _from_box(x, eps, clip, chk.float_dtype_arg(dtype), np.empty)
-
-
-def _from_box(x, eps, clip, dt: np.dtype, alloc) -> np.ndarray:
-    """from_box, its output from alloc(shape, dtype)."""
-    shape, centre, half, free = _box(x, eps, clip)
-    z = alloc((centre.size, 1 + free.size), dt)
-    z.fill(0)
-    z[:, 0] = centre
-    z[free, 1 + np.arange(free.size)] = half[free]
-    return z.reshape(shape + (1 + free.size,))
-
-
-def _box(x, eps, clip):
-    """The checked box: (x's shape, its flat midpoint and half-widths,
-    float64, and the flat indices of the elements whose box is not a
-    point)."""
-    xa = _real_array(x, "x")
-    if xa.ndim == 0 or xa.size == 0:
-        raise ValueError(f"x must have at least one element and one dimension, got shape {xa.shape}")
-    ea = _real_array(eps, "eps")
-    if (ea < 0).any():
-        raise ValueError("eps must be >= 0")
-    try:
-        ea = np.broadcast_to(ea, xa.shape)
-    except ValueError:
-        raise ValueError(f"eps of shape {ea.shape} does not broadcast to x's shape {xa.shape}") from None
-    lo, hi = _clip_arg(clip)
-    blo = np.maximum(xa - ea, lo)
-    bhi = np.minimum(xa + ea, hi)
-    if (blo > bhi).any():
-        raise ValueError(f"x lies farther than eps outside clip={clip!r}: the box is empty")
-    half = ((bhi - blo) / 2).ravel()
-    return xa.shape, ((blo + bhi) / 2).ravel(), half, np.flatnonzero(half > 0)
-
-
-def _rows(z: np.ndarray) -> np.ndarray:
-    """z as C-contiguous (neurons, E): a view when it already is one."""
-    return np.ascontiguousarray(z).reshape(-1, z.shape[-1])
-
-
-def _bounds_rows(z2: np.ndarray, nt: int):
-    n = z2.shape[0]
-    lower = np.empty(n, z2.dtype)
-    upper = np.empty(n, z2.dtype)
-    threads = threads_for(nt, z2.size, n)
-    kernel("zono_bounds", z2.dtype)(z2, lower, upper, threads)
-    return lower, upper
+    return from_box_into(x, eps, clip, chk.float_dtype_arg(dtype), np.empty)
 
 
 def bounds(z, *, num_threads=None):
@@ -147,9 +69,9 @@ def bounds(z, *, num_threads=None):
         The centre minus and plus the sum of the generators' absolute
         values.
     """
-    z = _zonotope(z)
+    z = as_zonotope(z)
     nt = chk.num_threads_arg(num_threads)
-    lower, upper = _bounds_rows(_rows(z), nt)
+    lower, upper = bounds_rows(rows(z), nt)
     return lower.reshape(z.shape[:-1]), upper.reshape(z.shape[:-1])
 
 
@@ -174,39 +96,14 @@ def relu(z, *, num_threads=None) -> np.ndarray:
     Raises ValueError where a bound is not finite (an inf or NaN in z, or
     a sum that overflowed): no relaxation is sound there.
     """
-    z = _zonotope(z)
-    return _relu(z, chk.num_threads_arg(num_threads), np.empty)
-
-
-def _relu(z: np.ndarray, nt: int, alloc, apart: bool = False):
-    """relu of a checked z, its output from alloc(shape, dtype). apart:
-    return (the old components, the unstable neurons' flat indices, their
-    new generators' values) instead, the new generators not written."""
-    z2 = _rows(z)
-    lower, upper = _bounds_rows(z2, nt)
-    if not (np.isfinite(lower).all() and np.isfinite(upper).all()):
-        raise ValueError("z has a neuron whose bounds are not finite (inf or NaN in z)")
-    unstable = (lower < 0) & (upper > 0)
-    slot = np.cumsum(unstable, dtype=np.int64)
-    k = int(slot[-1])
-    slot -= 1
-    n, E = z2.shape
-    F = E if apart else E + k
-    out = alloc((n, F), z.dtype)
-    threads = threads_for(nt, z2.size + out.size, n)
-    kernel("zono_relu", z.dtype)(z2, lower, upper, slot, out, threads)
-    out = out.reshape(z.shape[:-1] + (F,))
-    if not apart:
-        return out
-    idx = np.flatnonzero(unstable)
-    lam = upper[idx] / (upper[idx] - lower[idx])  # as the kernel computes them
-    return out, idx, -lam * lower[idx] / 2
+    z = as_zonotope(z)
+    return relu_into(z, chk.num_threads_arg(num_threads), np.empty)
 
 
 def flatten(z) -> np.ndarray:
     """``(C, H, W, E)`` to ``(C*H*W, E)``, batched ``(N, C, H, W, E)`` to
     ``(N, C*H*W, E)``: torch's flatten order (a view where z is contiguous)."""
-    z = _zonotope(z, ndims=(4, 5))
+    z = as_zonotope(z, ndims=(4, 5))
     return z.reshape(-1, z.shape[-1]) if z.ndim == 4 else z.reshape(z.shape[0], -1, z.shape[-1])
 
 
@@ -236,7 +133,7 @@ def linear(z, weight, bias=None, *, out=None, num_threads=None) -> np.ndarray:
     and starves the next kernel's threads on a small machine
     (docs/performance.md).
     """
-    z = _zonotope(z, ndims=(2, 3))
+    z = as_zonotope(z, ndims=(2, 3))
     weight, _ = chk.array(weight, "weight", (2,), floating_only=True)
     if weight.dtype != z.dtype:
         raise TypeError(f"weight dtype {weight.dtype} must match z dtype {z.dtype}")
@@ -254,35 +151,8 @@ def linear(z, weight, bias=None, *, out=None, num_threads=None) -> np.ndarray:
         chk.no_overlap(out, z, xname="z")
         chk.no_overlap(out, weight, xname="weight")
         chk.no_overlap(out, b, xname="bias")
-    _dense_into(chk.contiguous(z, z.dtype), weight, b, out, nt)
+    dense_into(chk.contiguous(z, z.dtype), weight, b, out, nt)
     return out
-
-
-# Bytes of a weight block (a chunk of output channels) kept in cache while
-# the threads sweep E: beyond it, every E block would stream the whole
-# weight matrix from memory (a 1000 x 1568 float64 layer ran 2.9x slower
-# than in one block of 128 channels).
-_DENSE_BLOCK_BYTES = 1 << 20
-
-
-def _dense_into(z: np.ndarray, weight: np.ndarray, b: np.ndarray, out: np.ndarray, nt: int) -> None:
-    """out (..., O, E) = weight (O, D) @ z (..., D, E), C-contiguous, and b
-    (or nothing, where empty) on component 0."""
-    O, D = weight.shape
-    E, dt = z.shape[-1], z.dtype
-    oc = max(4, _DENSE_BLOCK_BYTES // (D * dt.itemsize) // 4 * 4)
-    fn = kernel("vector_conv2d_forward", dt)
-    z3, out3 = z.reshape(-1, D, E), out.reshape(-1, O, E)
-    threads = threads_for(nt, work(O * D * E, (O + D) * E), -(-E // 48))
-    for o0 in range(0, O, oc):
-        o1 = min(O, o0 + oc)
-        wt = padded_columns(weight[o0:o1].T)  # (D, channels padded): one row per input neuron
-        bb = padded_columns(b[None, o0:o1])[0] if b.size else b
-        for n in range(z3.shape[0]):
-            fn(z3[n].reshape(1, D, 1, 1, E), wt, bb, out3[n, o0:o1].reshape(1, o1 - o0, 1, 1, E),
-               1, 1, 1, 1, 0, 0, 1, 1, E, threads)
-
-
 
 
 def _label_arg(label, K: int, batch):
@@ -319,7 +189,7 @@ def certify(z_logits, label, *, return_margins=False):
     margins : ndarray, shape (K,) or (N, K), with return_margins
         Those lower bounds; the label's own entry is +inf.
     """
-    z = _zonotope(z_logits, "z_logits", (2, 3))
+    z = as_zonotope(z_logits, "z_logits", (2, 3))
     batch = z.shape[0] if z.ndim == 3 else None
     z3 = z if batch is not None else z[None]
     K = z3.shape[1]

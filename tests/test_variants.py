@@ -62,7 +62,7 @@ def test_show_config_refuses_an_unknown_mode(mode, error):
 
 
 @pytest.mark.parametrize("isa", [isa for isa in _backend.RUNNABLE_ISAS
-                                 if hasattr(_backend._load(isa), "max_pool2d_forward")])
+                                 if hasattr(_backend.load_variant(isa), "max_pool2d_forward")])
 def test_variant_matches_reference(rng, isa):
     mod = importlib.import_module(f"cypool._kernels_{isa}")
     for shape, (k, s, p) in [((2, 3, 13, 17), (2, 2, 0)), ((2, 3, 13, 17), (3, 1, 1)),
@@ -86,7 +86,7 @@ def test_variant_matches_reference(rng, isa):
 def test_capped_kernels_run_at_most_avx2_even_when_forced():
     for name in _backend.CAPPED:
         level = _backend.isa_for(name)
-        assert level in _backend.RUNNABLE_ISAS and hasattr(_backend._load(level), name)
+        assert level in _backend.RUNNABLE_ISAS and hasattr(_backend.load_variant(level), name)
         assert level == ("avx2" if _backend.ISA == "avx512" else _backend.ISA)
     assert _backend.isa_for("vector_conv2d_forward") == _backend.ISA
 
@@ -95,7 +95,7 @@ def test_only_the_avx512_variant_leaves_the_pooling_family_out():
     # A family compiles only into the variants that run it (setup.py): the
     # AVX-512 module has the convolution and not the capped kernels.
     for isa in _backend.RUNNABLE_ISAS:
-        mod = _backend._load(isa)
+        mod = _backend.load_variant(isa)
         assert hasattr(mod, "conv2d_forward") and hasattr(mod, "zono_relu")
         for name in _backend.CAPPED:
             assert hasattr(mod, name) is (isa != "avx512")

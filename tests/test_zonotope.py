@@ -7,6 +7,7 @@ import pytest
 import cypool
 import reference as ref
 from cypool import _zonotope_net as N
+from cypool import _zonotope_ops as zops
 from cypool import zonotope as Z
 from helpers import torch_or_skip
 
@@ -465,7 +466,7 @@ def test_linear_in_weight_blocks_and_threads(rng, dt, monkeypatch):
     want = np.stack([ref.zono_linear(z[n], w, b) for n in range(2)])
     whole = Z.linear(z, w, b, num_threads=2)
     np.testing.assert_allclose(whole, want, **tol(dt))
-    monkeypatch.setattr(Z, "_DENSE_BLOCK_BYTES", 37 * 8 * dt().itemsize)  # blocks of 8 channels
+    monkeypatch.setattr(zops, "DENSE_BLOCK_BYTES", 37 * 8 * dt().itemsize)  # blocks of 8 channels
     np.testing.assert_array_equal(Z.linear(z, w, b, num_threads=2), whole)
     np.testing.assert_array_equal(Z.linear(z, w, b, num_threads=1), whole)
     np.testing.assert_array_equal(Z.linear(z[:, ::-1][:, ::-1], w, b), whole)  # a view
