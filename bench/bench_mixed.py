@@ -60,6 +60,18 @@ def cases(quick: bool, n: int):
         ("argmax2d", {"cypool": lambda: cypool.argmax2d(pool, num_threads=n)}),
         ("vector_conv2d ConvSmall 1", {"cypool": lambda: cypool.vector_conv2d(zx, zw, zb, 2, 0, num_threads=n)}),
     ]
+    # The backward passes and the small-plane pool: kernels that split
+    # static shares before they claimed their work too.
+    pout, pidx = cypool.max_pool2d(pool, 2, return_indices=True)
+    pg = rng.standard_normal(pout.shape, dtype=np.float32)
+    small = rng.standard_normal((8 if quick else 32, 256, 7, 7), dtype=np.float32)
+    cg = rng.standard_normal((x.shape[0], 64, 16, 16), dtype=np.float32)
+    out += [
+        ("max_pool2d_backward k2", {"cypool": lambda: cypool.max_pool2d_backward(pg, pidx, pool.shape, num_threads=n)}),
+        ("max_unpool2d k2", {"cypool": lambda: cypool.max_unpool2d(pout, pidx, 2, num_threads=n)}),
+        ("max_pool2d 3x3 s1 p1, 7x7 planes", {"cypool": lambda: cypool.max_pool2d(small, 3, 1, 1, return_indices=True, num_threads=n)}),
+        ("conv2d input grad, stride 2", {"cypool": lambda: cypool.conv2d_backward(cg, x, w, 2, 1, needs_weight_grad=False, num_threads=n)}),
+    ]
     if torch is not None:
         import torch.nn.functional as F
 
@@ -76,8 +88,15 @@ def cases(quick: bool, n: int):
             o[0] += tzb.view(-1, 1, 1)
             return o.permute(1, 2, 3, 0).contiguous()
 
+        tpout, tpidx = F.max_pool2d(tp, 2, return_indices=True)
+        tpg, tsmall, tcg = torch.from_numpy(pg), torch.from_numpy(small), torch.from_numpy(cg)
         torch_fns = [lambda: F.conv2d(tx, tw, None, 2, 1), lambda: F.conv2d(tx, tw, None, 1, 1),
-                     lambda: F.max_pool2d(tp, 2, return_indices=True), t_argmax, t_vconv]
+                     lambda: F.max_pool2d(tp, 2, return_indices=True), t_argmax, t_vconv,
+                     lambda: torch.ops.aten.max_pool2d_with_indices_backward(
+                         tpg, tp, [2, 2], [2, 2], [0, 0], [1, 1], False, tpidx),
+                     lambda: F.max_unpool2d(tpout, tpidx, 2),
+                     lambda: F.max_pool2d(tsmall, 3, 1, 1, return_indices=True),
+                     lambda: torch.nn.grad.conv2d_input(tx.shape, tw, tcg, stride=2, padding=1)]
         for (_, peers), fn in zip(out, torch_fns):
             peers["torch"] = fn
     return out

@@ -240,64 +240,90 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
         raise MemoryError("cypool.conv2d_backward: out of memory")
 
 
-cdef int _col2im_images(const floating[:, :, :, ::1] gout, const floating* wt, Py_ssize_t Kp,
-                        floating[:, :, :, ::1] gx, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph,
-                        Py_ssize_t pw, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
-                        Py_ssize_t ce, Py_ssize_t n0, Py_ssize_t n1) noexcept nogil:
-    """Input gradients of images [n0, n1) by columns: for a chunk of output
-    positions, cols[k, e] = sum over o of w[o, k] * grad_out[o, e] (the
-    register tiles, with the O channels as taps and the positions as E),
-    then every column is added into the padded input gradient at its
-    tap's position."""
+cdef struct Col2imWork:
+    # One thread's buffers for _col2im_images, taken once a call.
+    void* pad      # the padded input gradient of one image (C, Hp, Wp)
+    void* cols     # a chunk's columns (Kp, ce)
+    void** xs      # O pointers: the chunk of each output channel
+    void** outs    # Kp pointers: the rows of cols
+    void** pp      # the tiles' packing pointers (_pack_new)
+
+
+cdef inline Py_ssize_t _col2im_hp(Py_ssize_t H, Py_ssize_t ph, Py_ssize_t sh, Py_ssize_t dh,
+                                  Py_ssize_t kh) noexcept nogil:
+    return H + 2 * ph + sh * dh * kh  # generous margins
+
+
+cdef int _col2im_work(Col2imWork* ws, Py_ssize_t C, Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t O,
+                      Py_ssize_t Kp, Py_ssize_t ce, floating* like) noexcept nogil:
+    """Take a thread's buffers; 1 when out of memory (free them either way)."""
+    ws.pad = malloc(C * Hp * Wp * sizeof(floating))
+    ws.cols = malloc(Kp * ce * sizeof(floating))
+    ws.xs = <void**>malloc(O * sizeof(void*))
+    ws.outs = <void**>malloc(Kp * sizeof(void*))
+    ws.pp = <void**><void*>_pack_new(O, like)
+    return ws.pad == NULL or ws.cols == NULL or ws.xs == NULL or ws.outs == NULL or ws.pp == NULL
+
+
+cdef void _col2im_free(Col2imWork* ws) noexcept nogil:
+    free(ws.pad)
+    free(ws.cols)
+    free(ws.xs)
+    free(ws.outs)
+    free(ws.pp)
+
+
+cdef void _col2im_images(const Col2imWork* ws, const floating[:, :, :, ::1] gout,
+                         const floating* wt, Py_ssize_t Kp, floating[:, :, :, ::1] gx,
+                         Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw,
+                         Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw,
+                         Py_ssize_t ce, Py_ssize_t n0, Py_ssize_t n1) noexcept nogil:
+    """Input gradients of images [n0, n1) by columns, in ws's buffers: for a
+    chunk of output positions, cols[k, e] = sum over o of w[o, k] *
+    grad_out[o, e] (the register tiles, with the O channels as taps and the
+    positions as E), then every column is added into the padded input
+    gradient at its tap's position."""
     cdef Py_ssize_t O = gout.shape[1], OH = gout.shape[2], OW = gout.shape[3]
     cdef Py_ssize_t C = gx.shape[1], H = gx.shape[2], W = gx.shape[3]
-    cdef Py_ssize_t Hp = H + 2 * ph + sh * dh * kh, Wp = W + 2 * pw + sw * dw * kw  # generous margins
+    cdef Py_ssize_t Hp = _col2im_hp(H, ph, sh, dh, kh), Wp = _col2im_hp(W, pw, sw, dw, kw)
     cdef Py_ssize_t P = OH * OW, n, e_lo, ne, o, k, c, i, jj, e, oh, ow, e_end, r, h
-    cdef floating* pad = <floating*>malloc(C * Hp * Wp * sizeof(floating))
-    cdef floating* cols = <floating*>malloc(Kp * ce * sizeof(floating))
-    cdef const floating** xs = <const floating**>malloc(O * sizeof(void*))
-    cdef floating** outs = <floating**>malloc(Kp * sizeof(void*))
-    cdef const floating** pp = _pack_new(O, <floating*>NULL)
+    cdef floating* pad = <floating*>ws.pad
+    cdef floating* cols = <floating*>ws.cols
+    cdef const floating** xs = <const floating**>ws.xs
+    cdef floating** outs = <floating**>ws.outs
+    cdef const floating** pp = <const floating**>ws.pp
     cdef floating* pack = _pack_rows(pp, O)
     cdef floating* dst
     cdef const floating* src
-    cdef int failed = pad == NULL or cols == NULL or xs == NULL or outs == NULL or pp == NULL
-    if not failed:
-        for k in range(Kp):
-            outs[k] = cols + k * ce
-        for n in range(n0, n1):
-            memset(pad, 0, C * Hp * Wp * sizeof(floating))
-            e_lo = 0
-            while e_lo < P:
-                ne = min(ce, P - e_lo)
-                for o in range(O):
-                    xs[o] = &gout[n, o, 0, 0] + e_lo
-                _vc_pixel(O, xs, wt, Kp, 0, ne, Kp, outs, <const floating*>NULL, pack, pp)
-                k = 0
-                for c in range(C):
-                    for i in range(kh):
-                        for jj in range(kw):
-                            src = cols + k * ce - e_lo
-                            e = e_lo
-                            while e < e_lo + ne:
-                                oh = e // OW
-                                ow = e - oh * OW
-                                e_end = min(e_lo + ne, oh * OW + OW)
-                                dst = pad + (c * Hp + oh * sh + i * dh) * Wp + jj * dw
-                                for r in range(ow, ow + e_end - e):
-                                    dst[r * sw] += src[oh * OW + r]
-                                e = e_end
-                            k = k + 1
-                e_lo = e_lo + ne
+    for k in range(Kp):
+        outs[k] = cols + k * ce
+    for n in range(n0, n1):
+        memset(pad, 0, C * Hp * Wp * sizeof(floating))
+        e_lo = 0
+        while e_lo < P:
+            ne = min(ce, P - e_lo)
+            for o in range(O):
+                xs[o] = &gout[n, o, 0, 0] + e_lo
+            _vc_pixel(O, xs, wt, Kp, 0, ne, Kp, outs, <const floating*>NULL, pack, pp)
+            k = 0
             for c in range(C):
-                for h in range(H):
-                    memcpy(&gx[n, c, h, 0], pad + (c * Hp + h + ph) * Wp + pw, W * sizeof(floating))
-    free(pad)
-    free(cols)
-    free(xs)
-    free(outs)
-    free(pp)
-    return failed
+                for i in range(kh):
+                    for jj in range(kw):
+                        src = cols + k * ce - e_lo
+                        e = e_lo
+                        while e < e_lo + ne:
+                            oh = e // OW
+                            ow = e - oh * OW
+                            e_end = min(e_lo + ne, oh * OW + OW)
+                            dst = pad + (c * Hp + oh * sh + i * dh) * Wp + jj * dw
+                            for r in range(ow, ow + e_end - e):
+                                dst[r * sw] += src[oh * OW + r]
+                            e = e_end
+                        k = k + 1
+            e_lo = e_lo + ne
+        for c in range(C):
+            for h in range(H):
+                memcpy(&gx[n, c, h, 0], pad + (c * Hp + h + ph) * Wp + pw, W * sizeof(floating))
 
 
 def conv2d_input_grad_col2im(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
@@ -312,7 +338,12 @@ def conv2d_input_grad_col2im(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH
     cdef Py_ssize_t O = w.shape[0], K = w.shape[1] * w.shape[2] * w.shape[3], N = gx.shape[0]
     cdef Py_ssize_t Kp = (K + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB, o, c, i, j
     cdef floating* wt = <floating*>calloc(O * Kp, sizeof(floating))  # (O, Kp): rows per channel o
-    cdef int tid
+    cdef Py_ssize_t start, end, kh = w.shape[2], kw = w.shape[3], C = gx.shape[1]
+    cdef Py_ssize_t Hp = _col2im_hp(gx.shape[2], ph, sh, dh, kh)
+    cdef Py_ssize_t Wp = _col2im_hp(gx.shape[3], pw, sw, dw, kw)
+    cdef Col2imWork ws
+    cdef Col2imWork* mine
+    cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = wt == NULL
@@ -325,15 +356,30 @@ def conv2d_input_grad_col2im(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH
         if num_threads == 1:
             _set_serial_team()
             with nogil:
-                failed[0] = _col2im_images(gout, wt, Kp, gx, w.shape[2], w.shape[3], ph, pw, sh, sw,
-                                           dh, dw, ce, 0, N)
+                failed[0] = _col2im_work(&ws, C, Hp, Wp, O, Kp, ce, <floating*>NULL)
+                if not failed[0]:
+                    _col2im_images(&ws, gout, wt, Kp, gx, kh, kw, ph, pw, sh, sw, dh, dw, ce, 0, N)
+                _col2im_free(&ws)
         else:
+            # Whole images claimed one at a time (_claim), each thread's
+            # buffers taken once.
+            _team_begin(&team)
             with nogil, parallel(num_threads=num_threads):
                 _note_team()
-                tid = threadid()
-                if _col2im_images(gout, wt, Kp, gx, w.shape[2], w.shape[3], ph, pw, sh, sw, dh, dw,
-                                  ce, _share_start(N, tid), _share_start(N, tid + 1)):
+                mine = <Col2imWork*>calloc(1, sizeof(Col2imWork))  # (assigned here: private)
+                if mine == NULL or _col2im_work(mine, C, Hp, Wp, O, Kp, ce, <floating*>NULL):
                     fail[0] = 1
+                end = -1
+                start = _claim(&team, N, 1, &end)
+                while start < N:
+                    if not fail[0]:
+                        _col2im_images(mine, gout, wt, Kp, gx, kh, kw, ph, pw, sh, sw, dh, dw, ce,
+                                       start, end)
+                    start = _claim(&team, N, 1, &end)
+                if mine != NULL:
+                    _col2im_free(mine)
+                free(mine)
+            _team_end(&team)
     free(wt)
     if failed[0]:
         raise MemoryError("cypool.conv2d_backward: out of memory")

@@ -177,7 +177,9 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
     cdef Py_ssize_t hw = grad_input.shape[1], t
     cdef Py_ssize_t OH = n // OW if OW > 0 else 0
     cdef Py_ssize_t H = hw // W if W > 0 else 0
-    cdef Py_ssize_t bad = 0
+    cdef Py_ssize_t bad = 0, start, end, B
+    cdef Py_ssize_t* counts
+    cdef Team team
     cdef bint blocks = OW >= _BLOCK_MIN_OW and H >= 2 * OH and W >= 2 * OW
     if P == 0 or hw == 0:
         return 0
@@ -193,13 +195,25 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
         with nogil:
             bad += _backward_planes(grad_input, H, W, grad_output, indices, OH, OW, blocks, 1, P)
         return bad
-    # One share of the planes per iteration, so that the counts add up as a
-    # reduction (a parallel block has none).
-    for t in prange(num_threads, nogil=True, schedule="static", num_threads=num_threads):
+    # Planes 1 to P - 1, claimed a block at a time (_claim); each thread
+    # counts its bad indices in a slot of its own.
+    counts = <Py_ssize_t*>calloc(num_threads, sizeof(Py_ssize_t))
+    if counts == NULL:
+        raise MemoryError("cypool.max_pool2d_backward: out of memory")
+    B = _claim_block(P - 1, num_threads)
+    _team_begin(&team)
+    with nogil, parallel(num_threads=num_threads):
         _note_team()
-        bad += _backward_planes(grad_input, H, W, grad_output, indices, OH, OW, blocks,
-                                1 + (P - 1) * t // num_threads,
-                                1 + (P - 1) * (t + 1) // num_threads)
+        end = -1
+        start = _claim(&team, P - 1, B, &end)
+        while start < P - 1:
+            counts[threadid()] += _backward_planes(grad_input, H, W, grad_output, indices, OH, OW,
+                                                   blocks, 1 + start, 1 + end)
+            start = _claim(&team, P - 1, B, &end)
+    _team_end(&team)
+    for t in range(num_threads):
+        bad += counts[t]
+    free(counts)
     return bad
 
 
@@ -224,10 +238,34 @@ def max_unpool2d(const value_t[:, ::1] x,            # IN  (P, H*W)
     value in row-major order. Returns the number of out-of-range indices;
     the planes holding them are left zero, and the caller raises."""
     cdef Py_ssize_t P = x.shape[0], n = x.shape[1]
-    cdef Py_ssize_t hw = out.shape[1], p
+    cdef Py_ssize_t hw = out.shape[1], p, t, start, end, B
     cdef Py_ssize_t bad = 0
-    for p in prange(P, nogil=True, schedule="static", num_threads=num_threads):
-        bad += _scatter_set(&out[p, 0], hw, &x[p, 0], &indices[p, 0], n)
+    cdef Py_ssize_t* counts
+    cdef Team team
+    if num_threads == 1:
+        _set_serial_team()
+        with nogil:
+            for p in range(P):
+                bad += _scatter_set(&out[p, 0], hw, &x[p, 0], &indices[p, 0], n)
+        return bad
+    # Planes claimed a block at a time (_claim), bad indices counted per thread.
+    counts = <Py_ssize_t*>calloc(num_threads, sizeof(Py_ssize_t))
+    if counts == NULL:
+        raise MemoryError("cypool.max_unpool2d: out of memory")
+    B = _claim_block(P, num_threads)
+    _team_begin(&team)
+    with nogil, parallel(num_threads=num_threads):
+        _note_team()
+        end = -1
+        start = _claim(&team, P, B, &end)
+        while start < P:
+            for p in range(start, end):
+                counts[threadid()] += _scatter_set(&out[p, 0], hw, &x[p, 0], &indices[p, 0], n)
+            start = _claim(&team, P, B, &end)
+    _team_end(&team)
+    for t in range(num_threads):
+        bad += counts[t]
+    free(counts)
     return bad
 
 
@@ -263,8 +301,8 @@ def max_unpool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
     if it is the value that stayed there (the last writer), else zero.
 
     indices must have been checked by max_unpool2d (all in [0, OH*OW))."""
-    cdef Py_ssize_t P = grad_output.shape[0]
-    cdef int tid
+    cdef Py_ssize_t P = grad_output.shape[0], start, end, B
+    cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
@@ -273,11 +311,16 @@ def max_unpool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
         with nogil:
             failed[0] = _unpool_backward_planes(grad_output, indices, grad_input, 0, P)
     else:
+        B = _claim_block(P, num_threads)
+        _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
             _note_team()
-            tid = threadid()
-            if _unpool_backward_planes(grad_output, indices, grad_input,
-                                       _share_start(P, tid), _share_start(P, tid + 1)):
-                fail[0] = 1
+            end = -1
+            start = _claim(&team, P, B, &end)
+            while start < P:  # (a writer table a block: a small malloc)
+                if _unpool_backward_planes(grad_output, indices, grad_input, start, end):
+                    fail[0] = 1
+                start = _claim(&team, P, B, &end)
+        _team_end(&team)
     if failed[0]:
         raise MemoryError("cypool.MaxUnpool2d.backward: out of memory")

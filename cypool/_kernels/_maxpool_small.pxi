@@ -127,15 +127,21 @@ cdef void _pool_small_blocks(const value_t* x, value_t* op, index_t* ip, Py_ssiz
 cdef void _pool_small(const value_t* x, value_t* op, index_t* ip, Py_ssize_t P,
                       const PoolGeom* g, const int32_t* taps, const int32_t* ntaps,
                       int num_threads) noexcept nogil:
-    """All P planes, LANES at a time, the blocks shared among the threads."""
-    cdef Py_ssize_t nblocks = _ceil_div(P, _SMALL_LANES)
-    cdef int tid
+    """All P planes, LANES at a time, the blocks claimed by the threads
+    (_claim)."""
+    cdef Py_ssize_t nblocks = _ceil_div(P, _SMALL_LANES), start, end
+    cdef Py_ssize_t B = _claim_block(nblocks, num_threads)
+    cdef Team team
     if num_threads == 1:
         _set_serial_team()
         _pool_small_blocks(x, op, ip, P, g, taps, ntaps, 0, nblocks)
         return
+    _team_begin(&team)
     with parallel(num_threads=num_threads):
         _note_team()
-        tid = threadid()
-        _pool_small_blocks(x, op, ip, P, g, taps, ntaps,
-                           _share_start(nblocks, tid), _share_start(nblocks, tid + 1))
+        end = -1
+        start = _claim(&team, nblocks, B, &end)
+        while start < nblocks:
+            _pool_small_blocks(x, op, ip, P, g, taps, ntaps, start, end)
+            start = _claim(&team, nblocks, B, &end)
+    _team_end(&team)
