@@ -499,14 +499,20 @@ def call_key(x, weight, stride, padding, dilation):
     """A convolution call's key in the cache of checked calls
     (cypool._conv_engine.checked): its arrays' shapes and dtype, and its
     parameters exactly (hashable()); None for arrays that are not plain
-    ndarrays. With the dtype's number: a hit also needs the very dtype
-    objects that passed (numpy's own for each type)."""
+    ndarrays, or parameters that cannot be a key. With the dtype's number:
+    a hit also needs the very dtype objects that passed (numpy's own for
+    each type)."""
     if type(x) is not np.ndarray or type(weight) is not np.ndarray:
         return None
     if type(stride) is int and type(padding) is int and type(dilation) is int:
         return x.shape, weight.shape, x.dtype.num, stride, padding, dilation
-    return (x.shape, weight.shape, x.dtype.num, hashable(stride), hashable(padding),
-            hashable(dilation))
+    key = (x.shape, weight.shape, x.dtype.num, hashable(stride), hashable(padding),
+           hashable(dilation))
+    try:
+        hash(key)
+    except TypeError:  # a parameter no check accepts (a dict, nested lists): not kept
+        return None
+    return key
 
 
 def same_shape(a_shape: tuple, b_shape: tuple, a_name: str, b_name: str) -> None:

@@ -134,6 +134,9 @@ CW = np.zeros((3, 2, 3, 3), np.float32)
     (dict(padding="full"), ValueError, "padding"),
     (dict(padding="same", stride=2), ValueError, "padding"),
     (dict(padding=(1, 1, 1)), ValueError, "padding"),
+    (dict(stride=[[1], [1]]), TypeError, "stride"),    # unhashable: no cache key, checked
+    (dict(padding={1: 2}), TypeError, "padding"),
+    (dict(dilation=[1, [2]]), TypeError, "dilation"),
     (dict(num_threads=0), ValueError, "num_threads"),
     (dict(num_threads=-(2**64)), ValueError, "num_threads"),
 ])
