@@ -29,9 +29,10 @@ cdef extern from "_omp_shim.h" nogil:
     int cypool_get_last_team()
 
 # cypool_opaque(p) is p, hidden from the optimiser: a call through it stays
-# a call. A kernel called from both the serial and the parallel path of a
-# function calls it so (_maxpool_forward.pxi); gcc inlined it into both,
-# and those copies were a sixth of the AVX2 variant's compile time.
+# a call, to one compiled copy. _maxpool_forward.pxi calls two functions so:
+# one that gcc inlined into both the serial and the parallel path of the
+# kernel, for every type pair (a sixth of the AVX2 variant's compile time),
+# and one that ran slower inlined into its one remaining caller.
 cdef extern from *:
     """
     #if defined(__GNUC__)
