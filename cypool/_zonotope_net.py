@@ -213,7 +213,7 @@ def _step(layers, pos, z, tail, ws):
         z = _append(z, *tail, ws.taker(z))
     if isinstance(layer, VectorReLU) and _affine_next(layers, pos + 1):
         z, idx, mu = relu_into(as_zonotope(z), chk.num_threads_arg(layer.num_threads), ws.taker(z),
-                           apart=True)
+                               apart=True)
         return z, (idx, mu)
     into = getattr(layer, "_forward_into", None)
     return (layer.forward(z) if into is None else into(z, ws.taker(z))), None
@@ -590,7 +590,7 @@ def _banded_dense(z, idx, mu, dense, band, ws):
             rows = neurons[:, r].ravel()
             block = np.empty((O, hi - lo), dt)
             dense_into(np.ascontiguousarray(z2[rows, 1 + lo:1 + hi]), np.ascontiguousarray(weight[:, rows]),
-                        chk.no_bias(dt), block, nt)
+                       chk.no_bias(dt), block, nt)
             out[:, 1 + lo:1 + hi] += block
     np.multiply(weight[:, idx], mu, out=out[:, E:])
     return out
