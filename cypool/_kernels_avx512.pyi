@@ -24,5 +24,7 @@ from cypool._kernels_baseline import memo_backward as memo_backward
 from cypool._kernels_baseline import cpu_features as cpu_features
 from cypool._kernels_baseline import zono_bounds as zono_bounds
 from cypool._kernels_baseline import zono_relu as zono_relu
+from cypool._kernels_baseline import zono_dense as zono_dense
+from cypool._kernels_baseline import dense_block as dense_block
 from cypool._kernels_baseline import MEMO_CONV2D as MEMO_CONV2D
 from cypool._kernels_baseline import MEMO_VECTOR_CONV2D as MEMO_VECTOR_CONV2D

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
-from ._backend import kernel, padded_columns, threads_for, work
+from ._backend import kernel, threads_for, work
 
 
 def as_zonotope(z, name: str = "z", ndims: tuple | None = None) -> np.ndarray:
@@ -122,19 +122,38 @@ def relu_into(z: np.ndarray, nt: int, alloc, apart: bool = False):
 DENSE_BLOCK_BYTES = 1 << 20
 
 
-def dense_into(z: np.ndarray, weight: np.ndarray, b: np.ndarray, out: np.ndarray, nt: int) -> None:
-    """out (..., O, E) = weight (O, D) @ z (..., D, E), C-contiguous, and b
-    (or nothing, where empty) on component 0."""
+# Output channels below which listing a block's zero rows (a read of all
+# of z) costs more than it saves.
+SKIP_FROM_CHANNELS = 16
+
+
+def dense_into(z: np.ndarray, weight: np.ndarray, b: np.ndarray, out: np.ndarray, nt: int,
+               finite: bool | None = None) -> None:
+    """out (..., O, E) = weight (O, D) @ z (..., D, E), and b (or nothing,
+    where empty) on component 0. z and out have E contiguous; out may be a
+    view of a wider array. finite: whether every weight is finite, where
+    the caller knows (else found here): only then does the kernel leave out
+    the rows of z that are zero in a block of E."""
     O, D = weight.shape
     E, dt = z.shape[-1], z.dtype
-    oc = max(4, DENSE_BLOCK_BYTES // (D * dt.itemsize) // 4 * 4)
-    fn = kernel("vector_conv2d_forward", dt)
+    if D == 0 or E == 0 or O == 0:
+        out[...] = 0
+        if b.size and E:
+            out[..., 0] = b
+        return
     z3, out3 = z.reshape(-1, D, E), out.reshape(-1, O, E)
+    weight = np.ascontiguousarray(weight)
+    skip = O >= SKIP_FROM_CHANNELS and (finite if finite is not None else bool(np.isfinite(weight).all()))
+    oc = max(4, DENSE_BLOCK_BYTES // (D * dt.itemsize) // 4 * 4)
+    fn = kernel("zono_dense", dt)
+    nb = -(-E // kernel("dense_block")(dt == np.float32))
     threads = threads_for(nt, work(O * D * E, (O + D) * E), -(-E // 48))
+    # each block's nonzero rows, listed by the first channel block's call
+    N = z3.shape[0]
+    rows = np.empty((N, nb, D) if skip else (N, 0, 0), np.intp)
+    counts = np.full((N, nb if skip else 0), -1, np.intp)
     for o0 in range(0, O, oc):
         o1 = min(O, o0 + oc)
-        wt = padded_columns(weight[o0:o1].T)  # (D, channels padded): one row per input neuron
-        bb = padded_columns(b[None, o0:o1])[0] if b.size else b
-        for n in range(z3.shape[0]):
-            fn(z3[n].reshape(1, D, 1, 1, E), wt, bb, out3[n, o0:o1].reshape(1, o1 - o0, 1, 1, E),
-               1, 1, 1, 1, 0, 0, 1, 1, E, threads)
+        for n in range(N):
+            fn(z3[n], weight[o0:o1], b[o0:o1] if b.size else b, out3[n, o0:o1], rows[n], counts[n],
+               threads)

@@ -127,11 +127,14 @@ def linear(z, weight, bias=None, *, out=None, num_threads=None) -> np.ndarray:
     out : C-contiguous ndarray, shape (O, E) or (N, O, E)
 
     One matrix product over all components, in cypool's own threads (the
-    vector convolution's register tiles, as a 1 x 1 convolution of one
-    pixel whose E components the threads share), not numpy's BLAS: a
-    BLAS thread pool keeps spinning for about 0.1 s after each product
-    and starves the next kernel's threads on a small machine
-    (docs/performance.md).
+    vector convolution's register tiles, on blocks of components the
+    threads claim), not numpy's BLAS: a BLAS thread pool keeps spinning
+    for about 0.1 s after each product and starves the next kernel's
+    threads on a small machine (docs/performance.md). Each block of
+    components multiplies only the neurons (rows of z) that are not all
+    zero in it: dead neurons, and those its generators do not reach. The
+    result is the same; where a weight is inf or NaN every row is used,
+    so that inf times 0 gives NaN as in torch.
     """
     z = as_zonotope(z, ndims=(2, 3))
     weight, _ = chk.array(weight, "weight", (2,), floating_only=True)

@@ -6,6 +6,7 @@ import pytest
 
 import cypool
 import reference as ref
+from cypool import _checks as chk
 from cypool import _zonotope_net as N
 from cypool import _zonotope_ops as zops
 from cypool import zonotope as Z
@@ -470,6 +471,79 @@ def test_linear_in_weight_blocks_and_threads(rng, dt, monkeypatch):
     np.testing.assert_array_equal(Z.linear(z, w, b, num_threads=2), whole)
     np.testing.assert_array_equal(Z.linear(z, w, b, num_threads=1), whole)
     np.testing.assert_array_equal(Z.linear(z[:, ::-1][:, ::-1], w, b), whole)  # a view
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("O", [1, 3, 4, 10, 37])
+def test_linear_leaves_out_zero_rows_exactly(rng, dt, O, monkeypatch):
+    """The dense kernel multiplies, per block of E, only the rows of z that
+    are not all zero there: dead neurons (whole rows), generators that miss
+    a neuron (runs of zeros, some -0.0), at every alignment to the blocks.
+    The result is the reference's, and bit for bit the product over every
+    row (finite=False), with 1 and 2 threads, in one block of output
+    channels and in several."""
+    monkeypatch.setattr(zops, "SKIP_FROM_CHANNELS", 1)
+    D, E = 53, 131
+    z = random_zonotope(rng, (D,), E, dt)
+    z[rng.random(D) < 0.4] = 0  # dead neurons
+    for d in range(D):  # each row nonzero in one window of generators
+        lo = int(rng.integers(0, E))
+        z[d, :lo] = 0
+        z[d, lo + int(rng.integers(0, 40)):] = 0
+    z[5, 1:] = -0.0
+    z[rng.random(z.shape) < 0.2] = 0
+    w = rng.standard_normal((O, D)).astype(dt)
+    b = rng.standard_normal(O).astype(dt)
+    want = ref.zono_linear(z, w, b)
+    every_row = np.empty((O, E), dt)
+    zops.dense_into(z, w, b, every_row, 1, finite=False)
+    for nt in (1, 2):
+        got = Z.linear(z, w, b, num_threads=nt)
+        np.testing.assert_allclose(got, want, **tol(dt))
+        np.testing.assert_array_equal(got, every_row)
+    monkeypatch.setattr(zops, "DENSE_BLOCK_BYTES", D * 8 * dt().itemsize)  # blocks of 8 channels
+    np.testing.assert_array_equal(Z.linear(z, w, b, num_threads=2), every_row)
+    np.testing.assert_array_equal(Z.linear(np.stack([z, z[::-1]]), w, b)[0], every_row)
+
+
+def test_linear_on_random_shapes_writes_only_its_output(rng, monkeypatch):
+    """Every end of E and of the output channels, listed rows or all of
+    them, one or several channel blocks, batched or not, into a view of a
+    wider array whose margin must stay as it was."""
+    for trial in range(150):
+        D, E, O, B = (int(v) for v in rng.integers(1, [40, 60, 40, 3]))
+        dt = DTYPES[trial % 2]
+        z = rng.standard_normal((B, D, E)).astype(dt)
+        z[rng.random(z.shape) < 0.6] = 0
+        w = rng.standard_normal((O, D)).astype(dt)
+        b = rng.standard_normal(O).astype(dt) if trial % 3 else None
+        monkeypatch.setattr(zops, "SKIP_FROM_CHANNELS", int(rng.integers(1, 20)))
+        monkeypatch.setattr(zops, "DENSE_BLOCK_BYTES", int(rng.choice([1 << 20, D * 4 * 8])))
+        wide = np.full((B, O + 2, E + 5), 7, dt)
+        out = wide[:, 1:O + 1, 2:E + 2]
+        if B == 1:
+            Z.linear(z[0], w, b, out=np.ascontiguousarray(out[0]))  # the public path
+            zops.dense_into(z[0], w, chk.bias_arg(b, O, np.dtype(dt)), out[0], int(rng.integers(1, 3)))
+        else:
+            zops.dense_into(z, w, chk.bias_arg(b, O, np.dtype(dt)), out, int(rng.integers(1, 3)))
+        want = np.stack([ref.zono_linear(z[n], w, b) for n in range(B)])
+        np.testing.assert_allclose(out, want, **tol(dt))
+        wide[:, 1:O + 1, 2:E + 2] = 7
+        assert (wide == 7).all()
+
+
+def test_linear_with_a_non_finite_weight_is_numpys(rng):
+    """A weight of inf or NaN times a zero generator is NaN, as in numpy and
+    torch: zero rows are left out only where every weight is finite."""
+    z = random_zonotope(rng, (20,), 40, np.float64)
+    z[3] = 0
+    z[7, 1:] = 0
+    w = rng.standard_normal((8, 20))
+    w[2, 3], w[5, 7] = np.inf, np.nan
+    with np.errstate(invalid="ignore"):
+        want = ref.zono_linear(z, w, None)
+    assert np.isnan(want[2]).all()
+    np.testing.assert_allclose(Z.linear(z, w), want, rtol=1e-12, atol=1e-12)
 
 
 def test_vector_conv_of_one_pixel_splits_e(rng):

@@ -60,25 +60,37 @@
 #define CYPOOL_VC_R8(C, M) CYPOOL_VC_R4(C, M) C(M, 4) C(M, 5) C(M, 6) C(M, 7)
 #define CYPOOL_VC_ZERO(i, j) V a##i##j = {0};
 #define CYPOOL_VC_LOAD(i, j) V x##j = *(const V *)(xp + j * L);
-#define CYPOOL_VC_FMA(i, j) a##i##j += wp[i] * x##j;
+#define CYPOOL_VC_FMA(i, j) a##i##j += wp[i * ws] * x##j;
 #define CYPOOL_VC_BIAS(i, j) a##i##j[0] += bias[i];
 #define CYPOOL_VC_STORE(i, j) *(V *)(outs[i] + e0 + j * L) = a##i##j;
-#define CYPOOL_VC_TILE(NAME, T, VT, ROWS, COLS)                                      \
+/* Tap t's weights for output channels i = 0, 1, ... are WROW[i * WS]. The
+ * convolutions' weights are (taps, channels): WROW = w + t * ldw, WS = 1.
+ * The dense layers' tile (cypool_vc_rows) takes the taps as a list of
+ * rows (EXTRA declares it) of weights (channels, taps):
+ * WROW = w + rowi[t], WS = ldw. */
+#define CYPOOL_VC_TILE_GEN(NAME, T, VT, ROWS, COLS, EXTRA, WROW, WS)                 \
 static inline void NAME(ptrdiff_t ntaps, const T *const *xs, ptrdiff_t xoff,        \
-        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias)      \
+        const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs, const T *bias EXTRA) \
 {                                                                                    \
     typedef VT V;                                                                    \
     const int L = (int)(sizeof(V) / sizeof(T));                                      \
+    const ptrdiff_t ws = WS;                                                         \
     ROWS(COLS, CYPOOL_VC_ZERO)                                                       \
     for (ptrdiff_t t = 0; t < ntaps; t++) {                                          \
         const T *xp = xs[t] + xoff;                                                  \
-        const T *wp = w + t * ldw;                                                   \
+        const T *wp = WROW;                                                          \
         COLS(CYPOOL_VC_LOAD, 0)                                                      \
         ROWS(COLS, CYPOOL_VC_FMA)                                                    \
     }                                                                                \
     if (bias) { ROWS(CYPOOL_VC_C1, CYPOOL_VC_BIAS) }                                 \
     ROWS(COLS, CYPOOL_VC_STORE)                                                      \
 }
+#define CYPOOL_VC_COMMA ,
+#define CYPOOL_VC_TILE(NAME, T, VT, ROWS, COLS)                                      \
+    CYPOOL_VC_TILE_GEN(NAME, T, VT, ROWS, COLS, , w + t * ldw, 1)
+#define CYPOOL_VC_TILE_IX(NAME, T, VT, ROWS, COLS)                                   \
+    CYPOOL_VC_TILE_GEN(NAME, T, VT, ROWS, COLS, CYPOOL_VC_COMMA const ptrdiff_t *rowi, \
+                       w + rowi[t], ldw)
 
 /* Tiles of R (1 to 3) output channels by 3, 2 and 1 vectors and half a
  * vector of E. */
@@ -119,6 +131,8 @@ typedef T cypool_vc_d_##SUF __attribute__((vector_size(2 * sizeof(T)), aligned(s
 enum { CYPOOL_VC_VL_##SUF = CYPOOL_VC_VBYTES / sizeof(T) };                           \
 CYPOOL_VC_TILE(cypool_vc_tile_full_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C3) \
 CYPOOL_VC_TILE(cypool_vc_tile_full8_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R8, CYPOOL_VC_C3) \
+/* The full tile over a list of the weight rows (cypool_vc_rows). */        \
+CYPOOL_VC_TILE_IX(cypool_vc_tile_ix_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C3) \
 CYPOOL_VC_TILE(cypool_vc_tile_two_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C2) \
 CYPOOL_VC_TILE(cypool_vc_tile_one_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C1) \
 /* Half a vector (8 floats or 4 doubles): the end of E, and all of a small  \
@@ -219,6 +233,21 @@ static inline void cypool_vc_tile_full_##SUF(ptrdiff_t ntaps, const T *const *xs
         const T *bias)                                                               \
 {                                                                                    \
     cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w, ldw, e0, EB, CYPOOL_VC_OB, outs, bias); \
+}                                                                                    \
+static inline void cypool_vc_tile_ix_##SUF(ptrdiff_t ntaps, const T *const *xs,     \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias, const ptrdiff_t *rowi)                                        \
+{                                                                                    \
+    T acc[CYPOOL_VC_OB][EB] = {{0}};                                                 \
+    for (ptrdiff_t t = 0; t < ntaps; t++)                                            \
+        for (int o = 0; o < CYPOOL_VC_OB; o++)                                       \
+            for (ptrdiff_t e = 0; e < EB; e++)                                       \
+                acc[o][e] += w[o * ldw + rowi[t]] * xs[t][xoff + e];                 \
+    for (int o = 0; o < CYPOOL_VC_OB; o++) {                                         \
+        if (bias) acc[o][0] += bias[o];                                              \
+        for (ptrdiff_t e = 0; e < EB; e++)                                           \
+            outs[o][e0 + e] = acc[o][e];                                             \
+    }                                                                                \
 }                                                                                    \
 static inline void cypool_vc_tile_full8_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
@@ -369,6 +398,20 @@ static inline void cypool_vc_pixel_##SUF(ptrdiff_t ntaps, const T *const *xs,   
     }                                                                                \
     if (e0 < E)                                                                      \
         cypool_vc_eblock_##SUF(ntaps, xs, w, ldw, e0, E - e0, O, outs, bias, pack, pp); \
+}                                                                                    \
+                                                                                     \
+/* outs[o][e0:e0 + EB] for o < O (a multiple of OB) from the n taps listed:  \
+ * xs[t] + xoff is tap t's block of E, and w (O, D), rows ldw apart, holds  \
+ * its weights in column rowi[t]. The dense layers of certification list a  \
+ * block's taps that are not all zero (_zonotope.pxi): the others add       \
+ * nothing. */                                                              \
+static inline void cypool_vc_rows_##SUF(ptrdiff_t n, const T *const *xs,             \
+        ptrdiff_t xoff, const ptrdiff_t *rowi, const T *w, ptrdiff_t ldw,            \
+        ptrdiff_t e0, ptrdiff_t O, T *const *outs, const T *bias)                    \
+{                                                                                    \
+    for (ptrdiff_t o0 = 0; o0 + CYPOOL_VC_OB <= O; o0 += CYPOOL_VC_OB)               \
+        cypool_vc_tile_ix_##SUF(n, xs, xoff, w + o0 * ldw, ldw, e0, outs + o0,       \
+                                bias ? bias + o0 : NULL, rowi);                      \
 }                                                                                    \
                                                                                      \
 /* Dot-product blocks of the weight gradient: full ones vectorised. */         \

@@ -5,7 +5,9 @@
  * the bias. Built by tests/test_kernel_headers.py once per vector width,
  * including the AVX-512 layout (64-byte vectors, half-vector tiles) emulated
  * by gcc where the CPU lacks AVX-512, so that every build's tiles are
- * checked on any x86-64 machine. Exits 1 on a wrong value. */
+ * checked on any x86-64 machine. Then cypool_vc_rows, the tiles over a
+ * list of taps (a block of E of the dense layers, weights (O, D)), for 0
+ * to 20 of 25 taps and O = 4 to 16. Exits 1 on a wrong value. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
@@ -53,8 +55,50 @@ static int check_##SUF(void) {                                                  
 }
 CHECK(float, f32)
 CHECK(double, f64)
+
+#define CHECK_ROWS(T, SUF)                                                         \
+static int check_rows_##SUF(void) {                                                \
+    int bad = 0, EBv = sizeof(T) == 4 ? CYPOOL_VC_EB_F32 : CYPOOL_VC_EB_F64, D = 25; \
+    for (int n = 0; n <= 20; n++)                                                  \
+    for (int O = 4; O <= 16; O += 4)                                               \
+    for (int usebias = 0; usebias < 2; usebias++) {                                \
+        int ldw = D + 3, e0 = 5, E = e0 + EBv + 2;                                 \
+        T *w = malloc(O * ldw * sizeof(T)), *pack = malloc((n + 1) * EBv * sizeof(T)); \
+        T **outs = malloc(O * sizeof(T *)), *bias = malloc(O * sizeof(T));         \
+        const T **pp = malloc((n + 1) * sizeof(T *));                              \
+        ptrdiff_t rowi[20];                                                        \
+        for (int i = 0; i < O * ldw; i++) w[i] = (T)((rand() % 2001) - 1000) / 700; \
+        for (int t = 0; t < n; t++) {                                              \
+            rowi[t] = (t * 7 + n) % D; pp[t] = pack + t * EBv;                      \
+            for (int e = 0; e < EBv; e++) pack[t * EBv + e] = (T)((rand() % 2001) - 1000) / 300; \
+        }                                                                          \
+        for (int o = 0; o < O; o++) { outs[o] = malloc(E * sizeof(T));             \
+            for (int e = 0; e < E; e++) outs[o][e] = -12345; bias[o] = (T)o + 0.5; } \
+        cypool_vc_rows_##SUF(n, (const T *const *)pp, 0, rowi, w, ldw, e0, O, outs, \
+                             usebias ? bias : NULL);                               \
+        for (int o = 0; o < O; o++)                                                \
+            for (int e = 0; e < E; e++) {                                          \
+                double want = -12345;                                              \
+                if (e >= e0 && e < e0 + EBv) {                                     \
+                    want = 0;                                                      \
+                    for (int t = 0; t < n; t++) want += (double)w[o * ldw + rowi[t]] * pack[t * EBv + e - e0]; \
+                    if (usebias && e == e0) want += bias[o];                       \
+                }                                                                  \
+                if (fabs(outs[o][e] - want) > 1e-3 * (1 + fabs(want))) {           \
+                    if (bad < 5) printf(#SUF " rows n=%d O=%d bias=%d o=%d e=%d got %g want %g\n", \
+                                        n, O, usebias, o, e, (double)outs[o][e], want); \
+                    bad++; }                                                       \
+            }                                                                      \
+        for (int o = 0; o < O; o++) free(outs[o]);                                 \
+        free(w); free(pack); free(outs); free(bias); free(pp);                     \
+    }                                                                              \
+    return bad;                                                                    \
+}
+CHECK_ROWS(float, f32)
+CHECK_ROWS(double, f64)
+
 int main(void) {
-    int bad = check_f32() + check_f64();
+    int bad = check_f32() + check_f64() + check_rows_f32() + check_rows_f64();
     printf("VBYTES=%d HALF_TAIL=%d: %s (%d bad)\n", CYPOOL_VC_VBYTES, CYPOOL_VC_HALF_TAIL, bad ? "FAIL" : "ok", bad);
     return bad != 0;
 }
