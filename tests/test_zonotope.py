@@ -656,7 +656,7 @@ def test_banded_head_matches_reference(rng, C, s1, p1, d1, s2, p2, d2):
             np.testing.assert_allclose(m, want_m, rtol=1e-9, atol=1e-9)
         # the head alone against the layers one by one: the same bounds
         ws = N._Workspace()
-        z, _ = N._banded_head(x, eps, (0.0, 1.0), *head.layers, ws, None)
+        z = N._banded_head(x, eps, (0.0, 1.0), *head.layers, ws, None)
         want = head.layers[0].forward(Z.from_box(x, eps))
         want = head.layers[2].forward(Z.relu(want))
         assert z.shape == want.shape
