@@ -349,9 +349,12 @@ def vector_forward_into(res, x5, weight, b, call: VectorCall, nt: int) -> None:
         tiles_forward(x5, weight, b, res, geom.window, nt)
 
 
-def tiles_forward(x5, weight, b, out, window: chk.Window, nt: int) -> None:
+def tiles_forward(x5, weight, b, out, window: chk.Window, nt: int, skip_zero_taps: bool = False) -> None:
     """out (N, O, OH, OW, E), its last axis contiguous (the rest may be a
-    view's) = the convolution of x5 by the E-vectorised tiles."""
+    view's) = the convolution of x5 by the E-vectorised tiles.
+    skip_zero_taps: leave out the input vectors that are all zero in a
+    chunk of E (a zonotope's dead neurons), where every weight is finite:
+    the same sums, bit for bit."""
     N, C, H, W, E = x5.shape
     O, _, kh, kw = weight.shape
     dt = x5.dtype
@@ -366,7 +369,8 @@ def tiles_forward(x5, weight, b, out, window: chk.Window, nt: int) -> None:
     threads = threads_for(nt, work(macs, xc.size + out.size), items)
     ec = _e_chunk(E, kh, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors
     b = padded_columns(b[None, :])[0] if b.size else b
-    kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *window, ec, threads)
+    skip = skip_zero_taps and bool(np.isfinite(weight).all())
+    kernel("vector_conv2d_forward", dt)(xc, wt, b, out, *window, ec, skip, threads)
 
 
 def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_grad: bool,

@@ -26,7 +26,7 @@ def set_crowded(on: bool) -> None: ...
 def vector_conv2d_forward(
     x: NDArray, wt: NDArray, bias: NDArray, out: NDArray,
     kh: int, kw: int, sh: int, sw: int, ph: int, pw: int, dh: int, dw: int,
-    e_chunk: int, num_threads: int,
+    e_chunk: int, skip: bool, num_threads: int,
 ) -> None: ...
 def vector_conv2d_input_grad(
     gout: NDArray, w2: NDArray, gx: NDArray,

@@ -422,7 +422,8 @@ def _tail_conv(conv, z, idx, mu, alloc):
     O, k, dt = weight.shape[0], idx.size, weight.dtype
     b = chk.bias_arg(conv.bias, O, dt)
     out = alloc((1, O, geom.OH, geom.OW, E + k), dt)
-    tiles_forward(x5, weight, b, out[..., :E], geom.window, chk.num_threads_arg(conv.num_threads))
+    tiles_forward(x5, weight, b, out[..., :E], geom.window, chk.num_threads_arg(conv.num_threads),
+                  skip_zero_taps=True)
     _scatter_tail(out[0, ..., E:], idx, mu, weight, geom.window, H, W)
     return out[0]
 
@@ -528,6 +529,7 @@ def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
     kh2, kw2, sh2, sw2, ph2, pw2, dh2, dw2, OH2, OW2 = geom
     O2, k = w2.shape[0], idx.size
     out = ws.taker(zr)((O2, OH2, OW2, 1 + n + k), dt)
+    b2, nt2 = chk.bias_arg(conv2.bias, O2, dt), chk.num_threads_arg(conv2.num_threads)
     for r in range(OH2):
         rows = r * sh2 - ph2 + np.arange(kh2) * dh2
         inside = np.flatnonzero((rows >= 0) & (rows < OH1))
@@ -540,7 +542,12 @@ def _banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
             width = int(hi[rr] - lo[rr])
             slab[:, t, :, 0] = zr[:, rr, :, 0]
             slab[:, t, :, 1 + lo[rr] - u_lo:1 + lo[rr] - u_lo + width] = zr[:, rr, :, 1:1 + width]
-        res = conv2d(slab, w2, conv2.bias, (1, sw2), (0, pw2), (1, dw2), num_threads=conv2.num_threads)
+        # the slab's rows are the window's (stride, padding and dilation in
+        # rows done), and a dead neuron's vector is left out by the tiles
+        res = np.empty((1, O2, 1, OW2, slab.shape[-1]), dt)
+        tiles_forward(slab[None], w2, b2, res, chk.Window(kh2, kw2, 1, sw2, 0, pw2, 1, dw2), nt2,
+                      skip_zero_taps=True)
+        res = res[0]
         row = out[:, r]
         row[..., 0] = res[:, 0, :, 0]
         row[..., 1:1 + u_lo] = 0

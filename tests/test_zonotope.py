@@ -532,6 +532,35 @@ def test_linear_on_random_shapes_writes_only_its_output(rng, monkeypatch):
         assert (wide == 7).all()
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("stride, padding, dilation", [(1, 0, 1), (2, 1, 1), (1, 2, 2), ((2, 1), (0, 1), (1, 2))])
+def test_vector_conv_leaves_out_zero_taps_exactly(rng, dt, stride, padding, dilation):
+    """The certification path's convolution leaves out the input vectors
+    that are all zero in a chunk of E (dead neurons), and the padding: bit
+    for bit the convolution over every tap, and the reference's; with a
+    weight of inf, every tap again (inf * 0 is NaN)."""
+    from cypool import _conv_engine as engine
+    x = rng.standard_normal((1, 5, 9, 8, 61)).astype(dt)
+    x[0, rng.random((5, 9, 8)) < 0.5] = 0  # dead neurons
+    x[0, 1, 2, 3, 1:] = -0.0
+    w = rng.standard_normal((6, 5, 3, 3)).astype(dt)
+    b = rng.standard_normal(6).astype(dt)
+    _, _, _, geom = chk.vector_conv_args(x, w, stride, padding, dilation)
+    shape = (1, 6, geom.out_hw[0], geom.out_hw[1], 61)
+    every, skip = np.empty(shape, dt), np.empty(shape, dt)
+    for nt in (1, 2):
+        engine.tiles_forward(x, w, b, every, geom.window, nt)
+        engine.tiles_forward(x, w, b, skip, geom.window, nt, skip_zero_taps=True)
+        np.testing.assert_array_equal(skip, every)
+    want = ref.vector_conv2d(x, w, b, geom.window[2:4], geom.window[4:6], geom.window[6:8])
+    np.testing.assert_allclose(skip, want, **tol(dt))
+    w[2, 1, 0, 0] = np.inf
+    engine.tiles_forward(x, w, b, every, geom.window, 1)
+    engine.tiles_forward(x, w, b, skip, geom.window, 1, skip_zero_taps=True)
+    np.testing.assert_array_equal(skip, every)
+    assert np.isnan(skip[0, 2]).any()
+
+
 def test_linear_with_a_non_finite_weight_is_numpys(rng):
     """A weight of inf or NaN times a zero generator is NaN, as in numpy and
     torch: zero rows are left out only where every weight is finite."""

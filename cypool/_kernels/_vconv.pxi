@@ -96,6 +96,31 @@ cdef inline Py_ssize_t _forward_taps(const floating* xn, const ConvGeom* g, Py_s
     return n
 
 
+cdef inline bint _any_nonzero(const floating* v, Py_ssize_t n) noexcept nogil:
+    """Whether v[:n] has a value other than 0 (-0.0 is 0; NaN is not):
+    the first value alone for most, one vectorised pass for the rest."""
+    cdef Py_ssize_t i
+    cdef bint found = n > 0 and v[0] != 0
+    if not found:
+        for i in range(1, n):
+            found |= v[i] != 0
+    return found
+
+
+cdef inline Py_ssize_t _live_taps(const floating* xn, const ConvGeom* g, Py_ssize_t oh,
+                                  Py_ssize_t ow, Py_ssize_t e_lo, Py_ssize_t e_hi,
+                                  const floating** xs, Py_ssize_t* kidx) noexcept nogil:
+    """_forward_taps less the taps whose components [e_lo, e_hi) are all
+    zero (in a zonotope after a ReLU: the dead neurons). Returns how many."""
+    cdef Py_ssize_t t, n = 0, ntaps = _forward_taps(xn, g, oh, ow, xs, kidx)
+    for t in range(ntaps):
+        if _any_nonzero(xs[t] + e_lo, e_hi - e_lo):
+            xs[n] = xs[t]
+            kidx[n] = kidx[t]
+            n = n + 1
+    return n
+
+
 cdef inline void _all_taps(const floating* xn, const ConvGeom* g, Py_ssize_t oh,
                            Py_ssize_t ow, const floating* zero,
                            const floating** xs) noexcept nogil:
@@ -149,32 +174,42 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
                          const floating* bptr, floating[:, :, :, :, :] out, const ConvGeom* g,
                          const floating* zero, Py_ssize_t e_chunk,
                          Py_ssize_t q0, Py_ssize_t q1, Py_ssize_t e_begin,
-                         Py_ssize_t e_end) noexcept nogil:
+                         Py_ssize_t e_end, bint skip) noexcept nogil:
     """Output pixels [q0, q1) (pixel q is (n, oh, ow) in row-major order),
     components [e_begin, e_end) in chunks of e_chunk, with buffers of this
-    thread's own; 1 when out of memory."""
-    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, e_lo
+    thread's own; 1 when out of memory. skip: leave out the taps that are
+    zero in a chunk, their weight rows gathered (_live_taps)."""
+    cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, e_lo, e_hi, ntaps
     cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(Op * sizeof(void*))
     cdef const floating** pp = _pack_new(K, <floating*>NULL)
     cdef floating* pack = _pack_rows(pp, K)
-    cdef int failed = xs == NULL or outs == NULL or pp == NULL
+    cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t)) if skip else NULL
+    cdef floating* wbuf = <floating*>malloc(K * Op * sizeof(floating)) if skip else NULL
+    cdef int failed = xs == NULL or outs == NULL or pp == NULL or (skip and (kidx == NULL or wbuf == NULL))
     if not failed:
         e_lo = e_begin
         while e_lo < e_end:
+            e_hi = min(e_lo + e_chunk, e_end)
             for q in range(q0, q1):
                 n = q // (g.OH * g.OW)
                 oh = (q // g.OW) % g.OH
                 ow = q % g.OW
-                _all_taps(&x[n, 0, 0, 0, 0], g, oh, ow, zero, xs)
                 for o in range(g.O):
                     outs[o] = &out[n, o, oh, ow, 0]
-                _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, min(e_lo + e_chunk, e_end), g.O, outs, bptr,
-                          pack, pp)
+                if skip:
+                    ntaps = _live_taps(&x[n, 0, 0, 0, 0], g, oh, ow, e_lo, e_hi, xs, kidx)
+                    _vc_pixel(ntaps, xs, _weight_rows(&wt[0, 0], Op, ntaps, K, kidx, wbuf), Op,
+                              e_lo, e_hi, g.O, outs, bptr, pack, pp)
+                else:
+                    _all_taps(&x[n, 0, 0, 0, 0], g, oh, ow, zero, xs)
+                    _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, e_hi, g.O, outs, bptr, pack, pp)
             e_lo = e_lo + e_chunk
     free(xs)
     free(outs)
     free(pp)
+    free(kidx)
+    free(wbuf)
     return failed
 
 
@@ -184,12 +219,15 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
                           floating[:, :, :, :, :] out,          # OUT (N, O, OH, OW, E), E contiguous (a view may have E + k)
                           Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                           Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t dh, Py_ssize_t dw,
-                          Py_ssize_t e_chunk, int num_threads):
+                          Py_ssize_t e_chunk, bint skip, int num_threads):
     """E is swept in chunks of e_chunk, each over all of a thread's pixels,
     so that the tap vectors neighbouring pixels share are still in L2 when
     reused. Threads share the pixels, or, where there are fewer pixels
     than threads (a dense layer, as a 1 x 1 convolution of a single
-    pixel), the components, in multiples of 48 (every variant's E block)."""
+    pixel), the components, in multiples of 48 (every variant's E block).
+    skip: leave out the taps that are zero in a chunk (certification's
+    dead neurons); only where every weight is finite, since inf or NaN
+    times 0 must give NaN."""
     cdef ConvGeom g
     cdef Py_ssize_t P, e_units
     if out.strides[4] != sizeof(floating):
@@ -212,14 +250,14 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     if num_threads == 1:
         _set_serial_team()
         with nogil:
-            failed[0] = _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, 0, P, 0, g.E)
+            failed[0] = _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, 0, P, 0, g.E, skip)
     elif P < num_threads:
         with nogil, parallel(num_threads=num_threads):
             _note_team()
             tid = threadid()
             if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, 0, P,
                                min(g.E, 48 * _share_start(e_units, tid)),
-                               min(g.E, 48 * _share_start(e_units, tid + 1))):
+                               min(g.E, 48 * _share_start(e_units, tid + 1)), skip):
                 fail[0] = 1
     else:
         B = _claim_block(P, num_threads)
@@ -229,7 +267,7 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
             end = -1
             start = _claim(&team, P, B, &end)
             while start < P:
-                if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, start, end, 0, g.E):
+                if _forward_pixels(x, wt, bptr, out, &g, zero, e_chunk, start, end, 0, g.E, skip):
                     fail[0] = 1
                 start = _claim(&team, P, B, &end)
         _team_end(&team)

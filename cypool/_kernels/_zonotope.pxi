@@ -1,4 +1,4 @@
-# Uses: _common.pxi; _vconv.pxi (_pack_new, _pack_rows); _conv_tiles.h.
+# Uses: _common.pxi; _vconv.pxi (_pack_new, _pack_rows, _any_nonzero); _conv_tiles.h.
 # Zonotope kernels for DeepZ certification (cypool/zonotope.py): the bounds
 # of every neuron, and the DeepZ ReLU, over the rows of a C-contiguous
 # (n, E) array whose row i is neuron i's (centre, generator 1, ...,
@@ -144,14 +144,6 @@ cdef struct DenseArgs:
     Py_ssize_t D, E, O, ldz, ldw, ldo   # ldw: the weights' (O, D) row stride
     Py_ssize_t* rows    # (number of blocks, D): block b's rows that are not all zero
     Py_ssize_t* counts  # how many, or -1 before they are listed; NULL: every row
-
-
-cdef inline bint _any_nonzero(const floating* v, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef bint found = 0
-    for i in range(n):
-        found |= v[i] != 0
-    return found
 
 
 cdef Py_ssize_t _list_rows(const floating* z, Py_ssize_t ldz, Py_ssize_t D, Py_ssize_t e0,
