@@ -561,6 +561,23 @@ def test_vector_conv_leaves_out_zero_taps_exactly(rng, dt, stride, padding, dila
     assert np.isnan(skip[0, 2]).any()
 
 
+def test_dense_kernel_refuses_disagreeing_shapes():
+    """zono_dense checks what it indexes by: a wrong caller gets an error,
+    not a write out of bounds."""
+    from cypool._backend import kernel
+    fn = kernel("zono_dense", np.dtype(np.float64))
+    z, w, b, out = np.ones((5, 30)), np.ones((4, 5)), np.zeros(0), np.empty((4, 30))
+    nb = -(-30 // kernel("dense_block")(False))
+    rows, counts = np.empty((nb, 5), np.intp), np.full(nb, -1, np.intp)
+    fn(z, w, b, out, rows, counts, 1)
+    np.testing.assert_array_equal(out, 5.0)
+    for bad in [(z, np.ones((4, 6)), b, out, rows, counts), (z, w, np.zeros(3), out, rows, counts),
+                (z, w, b, np.empty((4, 29)), rows, counts), (z, w, b, out, rows[:-1], counts[:-1]),
+                (z, w, b, out, np.empty((nb, 4), np.intp), counts)]:
+        with pytest.raises(ValueError, match="zono_dense"):
+            fn(*bad, 1)
+
+
 def test_linear_with_a_non_finite_weight_is_numpys(rng):
     """A weight of inf or NaN times a zero generator is NaN, as in numpy and
     torch: zero rows are left out only where every weight is finite."""

@@ -2,7 +2,7 @@
 # Zonotope kernels for DeepZ certification (cypool/zonotope.py): the bounds
 # of every neuron, and the DeepZ ReLU, over the rows of a C-contiguous
 # (n, E) array whose row i is neuron i's (centre, generator 1, ...,
-# generator E-1).
+# generator E-1); and the dense layer (below).
 # Uses from _common.pxi: floating, int64_t, memcpy, memset, malloc, free,
 # _share_start, _note_team, _set_serial_team, Team, _team_begin, _team_end,
 # _claim_block, _claim.
@@ -119,7 +119,7 @@ def zono_relu(const floating[:, ::1] z,      # IN  (n, E)
                        _share_start(n, tid), _share_start(n, tid + 1))
 
 
-# The dense layer, out (O, E) = w (D, O)^T z (D, E). In a zonotope after a
+# The dense layer, out (O, E) = w (O, D) z (D, E). In a zonotope after a
 # ReLU and a convolution most rows of a block of E are zero: the dead
 # neurons' rows, and the rows a block of generators does not reach (each
 # generator lives in a window of the image; in ConvMed's 1568 x E product,
@@ -290,6 +290,11 @@ def zono_dense(const floating[:, :] z,       # IN  (D, E), E contiguous
     if (z.shape[1] > 1 and z.strides[1] != sizeof(floating)) or \
             (out.shape[1] > 1 and out.strides[1] != sizeof(floating)):
         raise ValueError("zono_dense: z's and out's last axes must be contiguous")
+    if w.shape[0] != out.shape[0] or w.shape[1] != z.shape[0] or out.shape[1] != z.shape[1] \
+            or 0 < bias.shape[0] < out.shape[0] or z.shape[0] == 0 or z.shape[1] == 0 \
+            or out.shape[0] == 0 or (counts.shape[0] > 0 and (
+                counts.shape[0] < nb or rows.shape[0] < nb or rows.shape[1] != z.shape[0])):
+        raise ValueError("zono_dense: shapes do not agree")
     a.z, a.out = &z[0, 0], &out[0, 0]
     a.bias = &bias[0] if bias.shape[0] > 0 else NULL
     a.D, a.E, a.O = z.shape[0], z.shape[1], out.shape[0]
