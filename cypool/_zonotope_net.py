@@ -13,7 +13,8 @@ numbers (docs/performance.md):
   columns of zeros;
 * the dense layers multiply, per block of generators, only the neurons
   that are not zero in it (zonotope.linear): after the banded head, 83%
-  of ConvMed's first dense layer's blocks.
+  of ConvMed's first dense layer's blocks; the convolutions after a ReLU
+  leave out the dead neurons' vectors (tiles_forward's skip_zero_taps).
 """
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ class Network:
             box is counted with a first convolution, which convolves it
             directly), and ``"certify"``.
         """
-        from .layers import VectorConv2d, VectorFlatten, VectorLinear, VectorReLU  # (layers imports zonotope)
+        from .layers import VectorConv2d, VectorReLU  # (layers imports zonotope)
 
         t0 = time.perf_counter()
         ws = self._workspace()
