@@ -180,6 +180,7 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
     thread's own; 1 when out of memory. skip: leave out the taps that are
     zero in a chunk, their weight rows gathered (_live_taps)."""
     cdef Py_ssize_t K = wt.shape[0], Op = wt.shape[1], q, n, oh, ow, o, e_lo, e_hi, ntaps
+    cdef const floating* wrows
     cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(Op * sizeof(void*))
     cdef const floating** pp = _pack_new(K, <floating*>NULL)
@@ -197,13 +198,16 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
                 ow = q % g.OW
                 for o in range(g.O):
                     outs[o] = &out[n, o, oh, ow, 0]
+                # one call of the tiles for both ways: gcc compiles each
+                # inlined copy on its own, and two copies may contract
+                # different products into FMAs (seen with gcc 16)
                 if skip:
                     ntaps = _live_taps(&x[n, 0, 0, 0, 0], g, oh, ow, e_lo, e_hi, xs, kidx)
-                    _vc_pixel(ntaps, xs, _weight_rows(&wt[0, 0], Op, ntaps, K, kidx, wbuf), Op,
-                              e_lo, e_hi, g.O, outs, bptr, pack, pp)
+                    wrows = _weight_rows(&wt[0, 0], Op, ntaps, K, kidx, wbuf)
                 else:
                     _all_taps(&x[n, 0, 0, 0, 0], g, oh, ow, zero, xs)
-                    _vc_pixel(K, xs, &wt[0, 0], Op, e_lo, e_hi, g.O, outs, bptr, pack, pp)
+                    ntaps, wrows = K, &wt[0, 0]
+                _vc_pixel(ntaps, xs, wrows, Op, e_lo, e_hi, g.O, outs, bptr, pack, pp)
             e_lo = e_lo + e_chunk
     free(xs)
     free(outs)
