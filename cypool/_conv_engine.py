@@ -354,7 +354,8 @@ def tiles_forward(x5, weight, b, out, window: chk.Window, nt: int, skip_zero_tap
     view's) = the convolution of x5 by the E-vectorised tiles.
     skip_zero_taps: leave out the input vectors that are all zero in a
     chunk of E (a zonotope's dead neurons), where every weight is finite:
-    the same sums, bit for bit."""
+    the same sums (bit for bit with gcc 12; gcc 16's build differs in the
+    last bit at the last component of E, for a reason not yet found)."""
     N, C, H, W, E = x5.shape
     O, _, kh, kw = weight.shape
     dt = x5.dtype

@@ -198,9 +198,6 @@ cdef int _forward_pixels(const floating[:, :, :, :, ::1] x, const floating[:, ::
                 ow = q % g.OW
                 for o in range(g.O):
                     outs[o] = &out[n, o, oh, ow, 0]
-                # one call of the tiles for both ways: gcc compiles each
-                # inlined copy on its own, and two copies may contract
-                # different products into FMAs (seen with gcc 16)
                 if skip:
                     ntaps = _live_taps(&x[n, 0, 0, 0, 0], g, oh, ow, e_lo, e_hi, xs, kidx)
                     wrows = _weight_rows(&wt[0, 0], Op, ntaps, K, kidx, wbuf)
