@@ -365,7 +365,7 @@ def tiles_forward(x5, weight, b, out, window: chk.Window, nt: int, skip_zero_tap
     # components can touch few elements and still be worth a team.
     macs = out.size * C * kh * kw
     # The kernel splits the pixels among threads, or E where there are
-    # fewer pixels than threads (a dense layer as a 1 x 1 convolution).
+    # fewer pixels than threads (a 1 x 1 convolution of one pixel, say).
     items = max(N * out.shape[2] * out.shape[3], -(-E // 48))
     threads = threads_for(nt, work(macs, xc.size + out.size), items)
     ec = _e_chunk(E, kh, C * W, dt.itemsize)  # a row of outputs reads kh input rows of C*W vectors

@@ -224,8 +224,8 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
     """E is swept in chunks of e_chunk, each over all of a thread's pixels,
     so that the tap vectors neighbouring pixels share are still in L2 when
     reused. Threads share the pixels, or, where there are fewer pixels
-    than threads (a dense layer, as a 1 x 1 convolution of a single
-    pixel), the components, in multiples of 48 (every variant's E block).
+    than threads (a 1 x 1 convolution of a single pixel, say), the
+    components, in multiples of 48 (every variant's E block).
     skip: leave out the taps that are zero in a chunk (certification's
     dead neurons); only where every weight is finite, since inf or NaN
     times 0 must give NaN."""
