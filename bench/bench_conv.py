@@ -7,7 +7,8 @@ Run: python bench/bench_conv.py [--threads N] [--repeats R] [--quick]
   cypool.Conv2d, torch.nn.Conv2d with autograd (the first layer's input
   needs no gradient), and the strided-view numpy layer of the educational
   library (bench/cnn_models.py).
-* Batch shapes of VGG/ResNet layers, forward: cypool.conv2d,
+* Batch shapes of VGG/ResNet layers and LeNet-5's second convolution,
+  forward: cypool.conv2d,
   torch.nn.functional.conv2d (oneDNN) and numpy im2col + matrix product
   (CS231n's approach; the matrix product runs on numpy's OpenBLAS); and
   the backward (input and weight gradients) against torch autograd.
@@ -37,6 +38,7 @@ BATCH = [  # x shape, weight shape, stride, padding
     ((32, 128, 28, 28), (128, 128, 3, 3), 1, 1),
     ((8, 3, 224, 224), (64, 3, 7, 7), 2, 3),
     ((32, 256, 14, 14), (64, 256, 1, 1), 1, 0),
+    ((64, 6, 14, 14), (16, 6, 5, 5), 1, 0),  # LeNet-5's second convolution, batch 64
 ]
 QUICK_BATCH = [((4, 16, 28, 28), (16, 16, 3, 3), 1, 1), ((2, 3, 64, 64), (8, 3, 7, 7), 2, 3)]
 
@@ -119,7 +121,7 @@ def main(argv=None):
             txg, twg = tx.clone().requires_grad_(True), tw.clone().requires_grad_(True)
             bwd["torch autograd"] = lambda: torch.autograd.grad(F.conv2d(txg, twg, None, s, p), (txg, twg), tg)
         flops = 2 * out.size * np.prod(ws[1:])
-        case = f"{xs} * {ws} s{s} p{p} ({flops / 1e9:.1f} GFLOP)"
+        case = f"{xs} * {ws} s{s} p{p} ({flops / 1e9:.2g} GFLOP)"
         # numpy's matrix product leaves OpenBLAS threads spinning for ~0.1 s.
         res = compare(fwd, reps, pause=0.15)
         fwd_rows.append((case + f", cypool {flops / res['cypool'] / 1e9:.0f} GFLOP/s", res))
