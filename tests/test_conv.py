@@ -105,6 +105,29 @@ def test_fresh_outputs_are_fully_written(rng):
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("stride, padding", [(1, 1), (2, 1), (1, 0)])
+def test_batches_claimed_by_whole_images(rng, stride, padding):
+    # Four images a thread or more: threads claim whole images, several at
+    # a time, each cut into chunks; 37 images leave a short last claim. The
+    # forward and (through the same kernel) a stride-1 input gradient must
+    # match the reference on every thread count.
+    x = rng.standard_normal((37, 3, 40, 50)).astype(np.float32)
+    w = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    pad = ((padding, padding), (padding, padding))
+    want = ref.conv2d(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64),
+                      (stride, stride), pad, (1, 1))
+    g = rng.standard_normal(want.shape).astype(np.float32)
+    rgx, _, _ = ref.conv2d_backward(g.astype(np.float64), x.astype(np.float64), w.astype(np.float64),
+                                    (stride, stride), pad, (1, 1))
+    for nt in (1, 2, 3):
+        got = cypool.conv2d(x, w, b, stride, padding, num_threads=nt)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        gx = cypool.conv2d_backward(g, x, w, stride, padding, needs_weight_grad=False,
+                                    num_threads=nt)[0]
+        np.testing.assert_allclose(gx, rgx, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.thread_unsafe(reason="the same team size for every call: calls on other threads start crowded spells, process-wide")
 def test_weight_grad_is_deterministic_for_a_thread_count(rng):
     # (each call outside a crowded spell: a late team thread in the call

@@ -192,9 +192,9 @@ cdef inline void _job_free(ConvJob* j) noexcept nogil:
 
 cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,
                         floating[:, :, :, :] out, const ConvJob* j, Py_ssize_t Q,
-                        Team* team) noexcept nogil:
+                        Py_ssize_t B, Team* team) noexcept nogil:
     """Work items of a forward call, with buffers of this thread's own: all
-    Q of them (team NULL), or those this thread claims one at a time from
+    Q of them (team NULL), or those this thread claims B at a time from
     the call's team (_claim); 1 when out of memory. Item q is
     chunk q % G of image q // G."""
     cdef Py_ssize_t q, qend = -1, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
@@ -217,7 +217,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     if not failed:
         for o in range(j.Op):
             outs[o] = tmp + o * j.ce
-        q = _claim(team, Q, 1, &qend) if team != NULL else 0
+        q = _claim(team, Q, B, &qend) if team != NULL else 0
         while q < Q:
             n = q // j.G
             if n != cur:
@@ -255,7 +255,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                             for r in range(min(e_end, oh * Wq + j.OW) - e):
                                 dst[r * so] = src[r] + b
                     e = e_end
-            q = _claim(team, Q, 1, &qend) if team != NULL and q + 1 >= qend else q + 1
+            q = _claim(team, Q, B, &qend) if team != NULL and q + 1 >= qend else q + 1
     free(buf)
     free(tmp)
     free(xs)
@@ -280,7 +280,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     axes swapped. ce: chunk of the virtual output. One thread runs without
     an OpenMP region."""
     cdef ConvJob j
-    cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw, Q
+    cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw, Q, B
     cdef Py_ssize_t O = out.shape[1], Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef floating* wt
@@ -301,16 +301,25 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     wt = _tap_major(<const char*>&w[0, 0, 0, 0], &w.shape[0], &w.strides[0], transposed, Op,
                     <floating*>NULL)
     Q = x.shape[0] * j.G
+    # Claims of whole images where there are four or more a thread (about
+    # eight claims a thread): a thread then fills an image's phase buffer
+    # once for all its chunks. Claimed one chunk at a time, the threads
+    # took turns on each image's chunks and both filled every image: 3-6%
+    # slower than a static split on three of bench_conv.py's shapes
+    # (docs/performance.md). Fewer images are claimed a chunk at a time,
+    # so that every thread gets work.
+    B = (j.G * max(1, x.shape[0] // (8 * num_threads)) if x.shape[0] >= 4 * num_threads
+         else 1)
     if not failed[0] and wt != NULL:
         if num_threads == 1:
             _set_serial_team()
             with nogil:
-                failed[0] = _forward_items(x, wt, bptr, out, &j, Q, NULL)
+                failed[0] = _forward_items(x, wt, bptr, out, &j, Q, Q, NULL)
         else:
             _team_begin(&team)
             with nogil, parallel(num_threads=num_threads):
                 _note_team()
-                if _forward_items(x, wt, bptr, out, &j, Q, &team):
+                if _forward_items(x, wt, bptr, out, &j, Q, B, &team):
                     fail[0] = 1
             _team_end(&team)
     _job_free(&j)
