@@ -105,6 +105,37 @@ def test_fresh_outputs_are_fully_written(rng):
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.thread_unsafe(reason="set_grid switches the forward's path for every thread")
+@pytest.mark.parametrize("mode", [0, 2])
+@pytest.mark.parametrize("trial", range(16))
+def test_forward_with_and_without_the_dropped_columns(rng, trial, mode):
+    # The forward computes either the virtual output (each row Wq wide, the
+    # columns past OW dropped) or only the real positions, gathered from
+    # their rows (cypool_vc_grid); where each is taken is a cost rule, so
+    # both are forced here, on shapes with 5 to 19 output channels (the
+    # gather needs more than a tile's 4) and every geometry, and into a
+    # poisoned out= that must be fully written.
+    from cypool._backend import load_variant, RUNNABLE_ISAS
+    xs, ws, geo, pad = random_case(rng, big=trial % 2 == 1)
+    ws = (5 + int(rng.integers(0, 15)),) + ws[1:]
+    mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
+    for m in mods:
+        m.set_grid(mode)
+    try:
+        check_against_reference(rng, xs, ws, geo, pad, [np.float32, np.float64][trial % 2],
+                                batched=True, with_bias=trial % 3 != 0, view=trial % 4 == 0,
+                                num_threads=1 + trial % 3)
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        want = cypool.conv2d(x, w, None, **geo)
+        out = np.full(want.shape, np.nan, np.float32)
+        cypool.conv2d(x, w, None, **geo, out=out, num_threads=2)
+        np.testing.assert_array_equal(out, want)
+    finally:
+        for m in mods:
+            m.set_grid(1)
+
+
 @pytest.mark.parametrize("stride, padding", [(1, 1), (2, 1), (1, 0)])
 def test_batches_claimed_by_whole_images(rng, stride, padding):
     # Four images a thread or more: threads claim whole images, several at

@@ -1,4 +1,4 @@
-# Uses: _vc_pixel, _pack_new, _pack_rows from _vconv.pxi; _tap_major.h.
+# Uses: _vc_pixel, _pack_new, _pack_rows from _vconv.pxi; _conv_tiles.h; _tap_major.h.
 # Standard 2-D convolution, NCHW (torch.nn.functional.conv2d, groups = 1).
 #
 #   out[n, o, oh, ow] = bias[o] + sum over (c, i, j) of
@@ -14,8 +14,13 @@
 # vector convolution of a single pixel with E = (OH - 1) * Wq + OW (the
 # Wq - OW columns past each output row are computed and dropped): the
 # register-blocked tiles of _conv_tiles.h do the arithmetic, and no
-# im2col buffer is made. An unpadded stride-1 convolution of C-contiguous
-# images reads them in place (the buffer would be a copy).
+# im2col buffer is made. Where the dropped columns are a large enough share
+# and there are more output channels than a tile holds, the tiles skip
+# them: each block of real positions is gathered from its rows into the
+# packed block they read anyway (cypool_vc_grid), and work items are chunks
+# of the OH * OW real positions. An unpadded stride-1
+# convolution of C-contiguous images reads them in place (the buffer would
+# be a copy).
 #
 # The input gradient of a stride-1 convolution is this forward run on the
 # output gradient padded by the kernel's reach, with the kernel flipped and
@@ -131,6 +136,27 @@ cdef inline void _tap_offsets(const PhaseGeom* p, Py_ssize_t kh, Py_ssize_t kw, 
                 k = k + 1
 
 
+cdef extern from "_conv_tiles.h" nogil:
+    void cypool_vc_grid_f32(Py_ssize_t ntaps, const float* const* xs, const float* w,
+                            Py_ssize_t ldw, Py_ssize_t r_lo, Py_ssize_t nr, Py_ssize_t OW,
+                            Py_ssize_t Wq, Py_ssize_t O, float* const* outs, float* pack,
+                            const float* const* pp)
+    void cypool_vc_grid_f64(Py_ssize_t ntaps, const double* const* xs, const double* w,
+                            Py_ssize_t ldw, Py_ssize_t r_lo, Py_ssize_t nr, Py_ssize_t OW,
+                            Py_ssize_t Wq, Py_ssize_t O, double* const* outs, double* pack,
+                            const double* const* pp)
+
+
+cdef inline void _vc_grid(Py_ssize_t ntaps, const floating** xs, const floating* w,
+                          Py_ssize_t ldw, Py_ssize_t r_lo, Py_ssize_t nr, Py_ssize_t OW,
+                          Py_ssize_t Wq, Py_ssize_t O, floating** outs, floating* pack,
+                          const floating** pp) noexcept nogil:
+    if floating is float:
+        cypool_vc_grid_f32(ntaps, xs, w, ldw, r_lo, nr, OW, Wq, O, outs, pack, pp)
+    else:
+        cypool_vc_grid_f64(ntaps, xs, w, ldw, r_lo, nr, OW, Wq, O, outs, pack, pp)
+
+
 cdef extern from "_tap_major.h" nogil:
     void cypool_tap_major_f32(const char* w, const Py_ssize_t* shape, const Py_ssize_t* strides,
                               int transposed, Py_ssize_t ldt, float* wt)
@@ -164,19 +190,43 @@ cdef struct ConvJob:
     Py_ssize_t K              # taps (c, i, j)
     Py_ssize_t O, Op          # output channels; padded to whole register tiles / blocks
     Py_ssize_t OH, OW
-    Py_ssize_t L, G, ce       # virtual output length; chunks of it per image, chunk length
+    Py_ssize_t L, G, ce       # output length (virtual, or OH * OW with grid); chunks of it per image, chunk length
+    bint grid                 # the real positions only (cypool_vc_grid), else the virtual output
     bint in_place             # the phase buffer would be the image itself: read x in place
     Py_ssize_t in_place_spill # read in place, images before this one have the next image after them
     const Py_ssize_t* off     # tap offsets in the phase buffer
 
 
+# Whether conv2d's forward computes the real positions only (cypool_vc_grid):
+# 1 where that pays (_job), the default; 0 never; 2 wherever it can.
+cdef int _grid_mode = 1
+
+
+def set_grid(int mode):
+    """Diagnostic for the tests and A/B runs: the forward skips the virtual
+    output's dropped columns where that pays (1, the default), never (0) or
+    wherever there are more output channels than a tile holds and columns to
+    skip (2). Not thread-safe; not for use."""
+    global _grid_mode
+    _grid_mode = mode
+
+
 cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
                      Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
-                     Py_ssize_t dh, Py_ssize_t dw) noexcept nogil:
-    """Fill the rest of j (j.p set); 1 when out of memory."""
+                     Py_ssize_t dh, Py_ssize_t dw, bint grid) noexcept nogil:
+    """Fill the rest of j (j.p set); 1 when out of memory. grid: a forward
+    pass, which may compute the real positions only (see below)."""
     cdef Py_ssize_t* off = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
     j.K = K; j.O = O; j.Op = Op; j.OH = OH; j.OW = OW; j.ce = ce
-    j.L = (OH - 1) * j.p.Wq + OW
+    # Skipping the Wq - OW dropped columns of every Wq saves that share of
+    # the multiply-adds, about 3 O cycles a tap and block of positions, for
+    # a gather of about 20 cycles more than the packing copy it replaces
+    # (fitted on the AVX2 host, docs/performance.md): it pays where
+    # (Wq - OW) * O >= 8 * Wq, and only with more output channels than a
+    # tile holds (with fewer the tiles read the taps unpacked).
+    j.grid = grid and O > CYPOOL_VC_OB and j.p.Wq > OW and (
+        _grid_mode == 2 or (_grid_mode == 1 and (j.p.Wq - OW) * O >= 8 * j.p.Wq))
+    j.L = OH * OW if j.grid else (OH - 1) * j.p.Wq + OW
     j.G = (j.L + ce - 1) // ce
     j.off = off
     j.in_place = False
@@ -188,6 +238,33 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
 
 cdef inline void _job_free(ConvJob* j) noexcept nogil:
     free(<void*>j.off)
+
+
+cdef inline void _grid_out(const floating* tmp, const ConvJob* j, floating[:, :, :, :] out,
+                           Py_ssize_t n, Py_ssize_t r_lo, Py_ssize_t nr, const floating* bias,
+                           Py_ssize_t so) noexcept nogil:
+    """Copy a grid chunk's outputs (real positions r_lo to r_lo + nr, each
+    output channel's ce apart in tmp) into out[n], plus the bias."""
+    cdef Py_ssize_t o, r, r_end, oh, ow, k
+    cdef floating b
+    cdef const floating* src
+    cdef floating* dst
+    for o in range(j.O):
+        b = bias[o] if bias != NULL else 0
+        r = r_lo
+        while r < r_lo + nr:
+            oh = r // j.OW
+            ow = r - oh * j.OW
+            r_end = min(r_lo + nr, oh * j.OW + j.OW)
+            src = tmp + o * j.ce + (r - r_lo)
+            dst = &out[n, o, oh, ow]
+            if so == 1:
+                for k in range(r_end - r):
+                    dst[k] = src[k] + b
+            else:
+                for k in range(r_end - r):
+                    dst[k * so] = src[k] + b
+            r = r_end
 
 
 cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,
@@ -228,6 +305,13 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                 cur = n
             e_lo = (q % j.G) * j.ce
             ne = min(j.ce, j.L - e_lo)
+            if j.grid:
+                for t in range(j.K):
+                    xs[t] = img + j.off[t]
+                _vc_grid(j.K, xs, wt, j.Op, e_lo, ne, j.OW, Wq, j.O, outs, pack, pp)
+                _grid_out(tmp, j, out, n, e_lo, ne, bias, so)
+                q = _claim(team, Q, B, &qend) if team != NULL and q + 1 >= qend else q + 1
+                continue
             for t in range(j.K):
                 xs[t] = img + j.off[t] + e_lo
             # Whole vectors: the end of the last one may read the buffer's
@@ -288,7 +372,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef int[1] failed
     cdef int* fail = &failed[0]
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
-    failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw)
+    failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw, True)
     # An unpadded stride-1 convolution of C-contiguous images: the phase
     # buffer would be a copy of each image, so the taps read x in place.
     j.in_place = (uh == 1 and uw == 1 and sh == 1 and sw == 1 and plh == 0 and plw == 0

@@ -332,20 +332,12 @@ static inline void cypool_vc_dots_edge_##SUF(int no, const T *const *gs, int nt,
 }                                                                                    \
 CYPOOL_VC_FULL(T, SUF, EB)                                                           \
                                                                                      \
-/* One block of E, [e0, e0 + ne), for every output channel. */                    \
-static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,       \
-        const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne, ptrdiff_t O,          \
-        T *const *outs, const T *bias, T *pack, const T *const *pp)                   \
+/* Every output channel's tiles over one block of E: outs[o][e0:e0 + ne] from  \
+ * the taps' vectors xs[t] + xoff. */                                         \
+static inline void cypool_vc_oblocks_##SUF(ptrdiff_t ntaps, const T *const *xs,      \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne,       \
+        ptrdiff_t O, T *const *outs, const T *bias)                                  \
 {                                                                                    \
-    ptrdiff_t xoff = e0;                                                             \
-    if (pack && O > CYPOOL_VC_OB) {                                                  \
-        /* Copy this block of every tap into contiguous rows: tap vectors E      \
-         * apart in memory alias in L1 when E is a power of two. */              \
-        for (ptrdiff_t t = 0; t < ntaps; t++)                                        \
-            memcpy(pack + t * EB, xs[t] + e0, ne * sizeof(T));                       \
-        xs = pp;                                                                     \
-        xoff = 0;                                                                    \
-    }                                                                                \
     ptrdiff_t o0 = 0;                                                                \
     if (CYPOOL_VC_HALF_TAIL && ne == EB)                                             \
         for (; o0 + 2 * CYPOOL_VC_OB <= O; o0 += 2 * CYPOOL_VC_OB)                   \
@@ -369,6 +361,70 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
                                                ne, EB, outs + o0, b)))               \
             cypool_vc_tile_edge_##SUF(ntaps, xs, xoff, w + o0, ldw, e0, ne, no,      \
                                       outs + o0, b);                                 \
+    }                                                                                \
+}                                                                                    \
+                                                                                     \
+/* One block of E, [e0, e0 + ne), for every output channel. */                    \
+static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,       \
+        const T *w, ptrdiff_t ldw, ptrdiff_t e0, ptrdiff_t ne, ptrdiff_t O,          \
+        T *const *outs, const T *bias, T *pack, const T *const *pp)                   \
+{                                                                                    \
+    ptrdiff_t xoff = e0;                                                             \
+    if (pack && O > CYPOOL_VC_OB) {                                                  \
+        /* Copy this block of every tap into contiguous rows: tap vectors E      \
+         * apart in memory alias in L1 when E is a power of two. */              \
+        for (ptrdiff_t t = 0; t < ntaps; t++)                                        \
+            memcpy(pack + t * EB, xs[t] + e0, ne * sizeof(T));                       \
+        xs = pp;                                                                     \
+        xoff = 0;                                                                    \
+    }                                                                                \
+    cypool_vc_oblocks_##SUF(ntaps, xs, xoff, w, ldw, e0, ne, O, outs, bias);         \
+}                                                                                    \
+                                                                                     \
+/* A standard convolution's real outputs only. Its image, seen as one pixel  \
+ * whose vector is the output grid (_conv.pxi), has rows of OW positions Wq   \
+ * apart: real position r of the grid is at (r / OW) * Wq + r % OW of each    \
+ * tap's vector. outs[o][0:nr] = the sum over taps of w[t*ldw + o] times the  \
+ * taps' values at positions r_lo to r_lo + nr, for every o < O (O > OB). Each \
+ * block of EB positions is gathered from its rows into pack, then zeros up   \
+ * to whole vectors (their outputs, up to nr rounded up to a vector, are      \
+ * written and not meant to be read): the Wq - OW columns between rows, which \
+ * cypool_vc_pixel would compute and the caller drop, are skipped. */        \
+static inline void cypool_vc_grid_##SUF(ptrdiff_t ntaps, const T *const *xs,         \
+        const T *w, ptrdiff_t ldw, ptrdiff_t r_lo, ptrdiff_t nr, ptrdiff_t OW,       \
+        ptrdiff_t Wq, ptrdiff_t O, T *const *outs, T *pack, const T *const *pp)       \
+{                                                                                    \
+    /* VL: a vector of the tiles; CP: the copies' unit, 32 bytes. */              \
+    enum { VL = EB / 3, CP = 32 / sizeof(T) };                                       \
+    ptrdiff_t off[EB], len[EB];                                                      \
+    for (ptrdiff_t k0 = 0; k0 < nr; k0 += EB) {                                      \
+        ptrdiff_t ne = nr - k0 < EB ? nr - k0 : EB, nv = (ne + VL - 1) / VL * VL;     \
+        if (CYPOOL_VC_HALF_TAIL && ne <= EB / 6)                                     \
+            nv = EB / 6;  /* the half-vector tile */                             \
+        ptrdiff_t ns = 0, r = r_lo + k0, end = r + ne;                               \
+        while (r < end) {  /* the block's pieces of rows */                      \
+            ptrdiff_t row = r / OW, col = r - row * OW;                              \
+            len[ns] = OW - col < end - r ? OW - col : end - r;                       \
+            off[ns] = row * Wq + col;                                                \
+            r += len[ns++];                                                          \
+        }                                                                            \
+        for (ptrdiff_t t = 0; t < ntaps; t++) {                                      \
+            T *dst = pack + t * EB;                                                  \
+            for (ptrdiff_t s = 0; s < ns; s++) {                                     \
+                const T *src = xs[t] + off[s];                                       \
+                ptrdiff_t n = len[s], i = 0;                                         \
+                /* Whole units, the last one overlapping the one before. */      \
+                for (; i + CP <= n; i += CP)                                         \
+                    memcpy(dst + i, src + i, CP * sizeof(T));                        \
+                if (i < n && n >= CP)                                                \
+                    memcpy(dst + n - CP, src + n - CP, CP * sizeof(T));              \
+                else                                                                 \
+                    for (; i < n; i++) dst[i] = src[i];                              \
+                dst += n;                                                            \
+            }                                                                        \
+            for (ptrdiff_t i = ne; i < nv; i++) pack[t * EB + i] = 0;                \
+        }                                                                            \
+        cypool_vc_oblocks_##SUF(ntaps, pp, 0, w, ldw, k0, nv, O, outs, NULL);        \
     }                                                                                \
 }                                                                                    \
                                                                                      \
