@@ -18,9 +18,8 @@
 # and there are more output channels than a tile holds, the tiles skip
 # them: each block of real positions is gathered from its rows into the
 # packed block they read anyway (cypool_vc_grid), and work items are chunks
-# of the OH * OW real positions. An unpadded stride-1
-# convolution of C-contiguous images reads them in place (the buffer would
-# be a copy).
+# of the OH * OW real positions. An unpadded stride-1 convolution of
+# C-contiguous images reads them in place (the buffer would be a copy).
 #
 # The input gradient of a stride-1 convolution is this forward run on the
 # output gradient padded by the kernel's reach, with the kernel flipped and
@@ -361,8 +360,9 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     dilation (dh, dw). uh = uw = 1 for a forward pass. The input gradient
     runs this on the output gradient with transposed=True: w is then the
     forward's weight, and the convolution uses it flipped, its first two
-    axes swapped. ce: chunk of the virtual output. One thread runs without
-    an OpenMP region."""
+    axes swapped. ce: chunk of the output positions (of the virtual output,
+    which is longer than the real positions the grid way computes). One
+    thread runs without an OpenMP region."""
     cdef ConvJob j
     cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw, Q, B
     cdef Py_ssize_t O = out.shape[1], Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB

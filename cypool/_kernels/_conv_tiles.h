@@ -385,7 +385,7 @@ static inline void cypool_vc_eblock_##SUF(ptrdiff_t ntaps, const T *const *xs,  
  * whose vector is the output grid (_conv.pxi), has rows of OW positions Wq   \
  * apart: real position r of the grid is at (r / OW) * Wq + r % OW of each    \
  * tap's vector. outs[o][0:nr] = the sum over taps of w[t*ldw + o] times the  \
- * taps' values at positions r_lo to r_lo + nr, for every o < O (O > OB). Each \
+ * taps' values at positions r_lo to r_lo + nr, for every o < O. Each       \
  * block of EB positions is gathered from its rows into pack, then zeros up   \
  * to whole vectors (their outputs, up to nr rounded up to a vector, are      \
  * written and not meant to be read): the Wq - OW columns between rows, which \
