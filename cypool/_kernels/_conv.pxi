@@ -212,9 +212,10 @@ def set_grid(int mode):
 
 cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
                      Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
-                     Py_ssize_t dh, Py_ssize_t dw, bint grid) noexcept nogil:
-    """Fill the rest of j (j.p set); 1 when out of memory. grid: a forward
-    pass, which may compute the real positions only (see below)."""
+                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t grid_unit) noexcept nogil:
+    """Fill the rest of j (j.p set); 1 when out of memory. grid_unit: for a
+    forward pass, which may compute the real positions only (see below),
+    the values in the grid gather's copy unit (32 bytes); else 0."""
     cdef Py_ssize_t* off = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
     j.K = K; j.O = O; j.Op = Op; j.OH = OH; j.OW = OW; j.ce = ce
     # Skipping the Wq - OW dropped columns of every Wq saves that share of
@@ -222,9 +223,14 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
     # a gather of about 20 cycles more than the packing copy it replaces
     # (fitted on the AVX2 host, docs/performance.md): it pays where
     # (Wq - OW) * O >= 8 * Wq, and only with more output channels than a
-    # tile holds (with fewer the tiles read the taps unpacked).
-    j.grid = grid and O > CYPOOL_VC_OB and j.p.Wq > OW and (
-        _grid_mode == 2 or (_grid_mode == 1 and (j.p.Wq - OW) * O >= 8 * j.p.Wq))
+    # tile holds (with fewer the tiles read the taps unpacked). The rows
+    # must be whole copy units, or three units or more: a row cut short
+    # of a unit is copied a value at a time, which lost on rows of 5 and
+    # 10 values.
+    j.grid = grid_unit > 0 and O > CYPOOL_VC_OB and j.p.Wq > OW and (
+        _grid_mode == 2 or (_grid_mode == 1
+                            and (OW % grid_unit == 0 or OW >= 3 * grid_unit)
+                            and (j.p.Wq - OW) * O >= 8 * j.p.Wq))
     j.L = OH * OW if j.grid else (OH - 1) * j.p.Wq + OW
     j.G = (j.L + ce - 1) // ce
     j.off = off
@@ -372,7 +378,8 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef int[1] failed
     cdef int* fail = &failed[0]
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
-    failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw, True)
+    failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw,
+                     32 // sizeof(floating))
     # An unpadded stride-1 convolution of C-contiguous images: the phase
     # buffer would be a copy of each image, so the taps read x in place.
     j.in_place = (uh == 1 and uw == 1 and sh == 1 and sw == 1 and plh == 0 and plw == 0

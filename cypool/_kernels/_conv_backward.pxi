@@ -198,7 +198,7 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
     part = O * K + O  # a part's sums: (O, K) weights, then O biases
     partial = <floating*>calloc(S * part, sizeof(floating))
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], 1, 1, plh, plw, Hp, Wp, sh, sw)
-    failed[0] = _job(&j, K, O, Op, gout.shape[2], gout.shape[3], ce, kh, kw, dh, dw, False)
+    failed[0] = _job(&j, K, O, Op, gout.shape[2], gout.shape[3], ce, kh, kw, dh, dw, 0)
     Q = x.shape[0] * j.G
     if not failed[0] and partial != NULL:
         if T == 1:
