@@ -245,31 +245,34 @@ cdef inline void _job_free(ConvJob* j) noexcept nogil:
     free(<void*>j.off)
 
 
-cdef inline void _grid_out(const floating* tmp, const ConvJob* j, floating[:, :, :, :] out,
-                           Py_ssize_t n, Py_ssize_t r_lo, Py_ssize_t nr, const floating* bias,
-                           Py_ssize_t so) noexcept nogil:
-    """Copy a grid chunk's outputs (real positions r_lo to r_lo + nr, each
-    output channel's ce apart in tmp) into out[n], plus the bias."""
-    cdef Py_ssize_t o, r, r_end, oh, ow, k
+cdef inline void _copy_out(const floating* tmp, const ConvJob* j, floating[:, :, :, :] out,
+                           Py_ssize_t n, Py_ssize_t lo, Py_ssize_t cnt, Py_ssize_t step,
+                           const floating* bias, Py_ssize_t so) noexcept nogil:
+    """Copy a chunk's outputs, positions lo to lo + cnt of rows step apart
+    (Wq for the virtual output, OW for the grid's real positions; each
+    output channel's ce apart in tmp), into out[n], plus the bias: the
+    columns ow < OW of each row."""
+    cdef Py_ssize_t o, e, e_end, oh, ow, k
     cdef floating b
     cdef const floating* src
     cdef floating* dst
     for o in range(j.O):
         b = bias[o] if bias != NULL else 0
-        r = r_lo
-        while r < r_lo + nr:
-            oh = r // j.OW
-            ow = r - oh * j.OW
-            r_end = min(r_lo + nr, oh * j.OW + j.OW)
-            src = tmp + o * j.ce + (r - r_lo)
-            dst = &out[n, o, oh, ow]
-            if so == 1:
-                for k in range(r_end - r):
-                    dst[k] = src[k] + b
-            else:
-                for k in range(r_end - r):
-                    dst[k * so] = src[k] + b
-            r = r_end
+        e = lo
+        while e < lo + cnt:
+            oh = e // step
+            ow = e - oh * step
+            e_end = min(lo + cnt, oh * step + step)
+            if ow < j.OW:
+                src = tmp + o * j.ce + (e - lo)
+                dst = &out[n, o, oh, ow]
+                if so == 1:
+                    for k in range(min(e_end, oh * step + j.OW) - e):
+                        dst[k] = src[k] + b
+                else:
+                    for k in range(min(e_end, oh * step + j.OW) - e):
+                        dst[k * so] = src[k] + b
+            e = e_end
 
 
 cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,
@@ -279,15 +282,12 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     Q of them (team NULL), or those this thread claims B at a time from
     the call's team (_claim); 1 when out of memory. Item q is
     chunk q % G of image q // G."""
-    cdef Py_ssize_t q, qend = -1, n, cur = -1, e_lo, ne, t, o, e, e_end, oh, ow, r, Wq = j.p.Wq
+    cdef Py_ssize_t q, qend = -1, n, cur = -1, e_lo, ne, t, o, Wq = j.p.Wq
     cdef Py_ssize_t so = out.strides[3] // <Py_ssize_t>sizeof(floating)  # output column step
     # The narrowest vector tile (_conv_tiles.h): half a vector where
     # there is one, else a third of the E block (one vector).
     cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
     cdef Py_ssize_t vt = eb // 6 if CYPOOL_VC_HALF_TAIL else eb // 3
-    cdef floating b
-    cdef floating* src
-    cdef floating* dst
     cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
     cdef floating* tmp = <floating*>malloc(j.Op * j.ce * sizeof(floating))
     cdef const floating** xs = <const floating**>malloc(j.K * sizeof(void*))
@@ -314,36 +314,19 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                 for t in range(j.K):
                     xs[t] = img + j.off[t]
                 _vc_grid(j.K, xs, wt, j.Op, e_lo, ne, j.OW, Wq, j.O, outs, pack, pp)
-                _grid_out(tmp, j, out, n, e_lo, ne, bias, so)
-                q = _claim(team, Q, B, &qend) if team != NULL and q + 1 >= qend else q + 1
-                continue
-            for t in range(j.K):
-                xs[t] = img + j.off[t] + e_lo
-            # Whole vectors: the end of the last one may read the buffer's
-            # slack (or, read in place, the next image), and its outputs past
-            # ne are not copied out. The last image read in place has nothing
-            # after it: its tiles stop at ne.
-            _vc_pixel(j.K, xs, wt, j.Op, 0,
-                      ne if j.in_place and n >= j.in_place_spill else min(j.ce, (ne + vt - 1) // vt * vt),
-                      j.O, outs, <const floating*>NULL, pack, pp)
-            # The chunk's real outputs (columns ow < OW), plus the bias.
-            for o in range(j.O):
-                b = bias[o] if bias != NULL else 0
-                e = e_lo
-                while e < e_lo + ne:
-                    oh = e // Wq
-                    ow = e - oh * Wq
-                    e_end = min(e_lo + ne, oh * Wq + Wq)
-                    if ow < j.OW:
-                        src = tmp + o * j.ce + (e - e_lo)
-                        dst = &out[n, o, oh, ow]
-                        if so == 1:
-                            for r in range(min(e_end, oh * Wq + j.OW) - e):
-                                dst[r] = src[r] + b
-                        else:
-                            for r in range(min(e_end, oh * Wq + j.OW) - e):
-                                dst[r * so] = src[r] + b
-                    e = e_end
+                _copy_out(tmp, j, out, n, e_lo, ne, j.OW, bias, so)
+            else:
+                for t in range(j.K):
+                    xs[t] = img + j.off[t] + e_lo
+                # Whole vectors: the end of the last one may read the
+                # buffer's slack (or, read in place, the next image), and its
+                # outputs past ne are not copied out. The last image read in
+                # place has nothing after it: its tiles stop at ne.
+                _vc_pixel(j.K, xs, wt, j.Op, 0,
+                          ne if j.in_place and n >= j.in_place_spill
+                          else min(j.ce, (ne + vt - 1) // vt * vt),
+                          j.O, outs, <const floating*>NULL, pack, pp)
+                _copy_out(tmp, j, out, n, e_lo, ne, Wq, bias, so)
             q = _claim(team, Q, B, &qend) if team != NULL and q + 1 >= qend else q + 1
     free(buf)
     free(tmp)
