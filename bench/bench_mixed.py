@@ -37,7 +37,7 @@ import numpy as np
 
 import cypool
 from _harness import start, torch
-from cypool._backend import kernels
+from cypool import _backend
 
 BURST = 5
 PAUSE = 0.15
@@ -107,13 +107,13 @@ def static_shares(fn):
     equal static shares, and never a crowded spell (a late team thread does
     not make the next calls serial)."""
     def run():
-        kernels.set_claiming(False)
-        kernels.set_crowded(False)
+        _backend.set_claiming(False)
+        _backend.set_crowded(False)
         try:
             return fn()
         finally:
-            kernels.set_claiming(True)
-            kernels.set_crowded(False)
+            _backend.set_claiming(True)
+            _backend.set_crowded(False)
     return run
 
 
@@ -133,7 +133,7 @@ def measure(peers: dict, rounds: int, a: np.ndarray, rng) -> dict:
                 if c == "steady":
                     # The best case: outside a crowded spell that an
                     # earlier condition's late thread began.
-                    kernels.set_crowded(False)
+                    _backend.set_crowded(False)
                     for _ in range(3):
                         fn()
                 elif c == "after matmul":

@@ -150,7 +150,47 @@ def isa_for(name: str) -> str:
 
 def module_for(name: str):
     """The compiled module that runs kernel `name` (see isa_for)."""
-    return load_variant(isa_for(name))
+    module = load_variant(isa_for(name))
+    if module not in _RUN_FROM:
+        _RUN_FROM.append(module)
+    return module
+
+
+# The variant modules kernels have run from: the chosen one and, on a CPU
+# past a cap (AVX-512), the capped kernels' one too. Each keeps its own
+# crowded-spell clock (_omp_shim.h), set by its own kernels' late threads.
+_RUN_FROM = [kernels]
+
+
+def crowded() -> bool:
+    """Whether a crowded spell is on in any module kernels run from (see
+    team_for). Read from the chosen module alone, a max pool's late thread
+    (AVX2 module) never moved an AVX-512 CPU's calls off their team."""
+    for m in _RUN_FROM:
+        if m.crowded():
+            return True
+    return False
+
+
+def set_crowded(on: bool) -> None:
+    """Diagnostic for tests and benches: start (True) or end (False) a
+    crowded spell in every module kernels run from."""
+    for m in _every_module():
+        m.set_crowded(on)
+
+
+def set_claiming(on: bool) -> None:
+    """Diagnostic for the benches' A/B runs: every module's kernels claim
+    their work (True, the default) or split it in static shares (False)."""
+    for m in _every_module():
+        m.set_claiming(on)
+
+
+def _every_module() -> list:
+    """Every variant module a kernel may run from, loaded now."""
+    for name in CAPPED:
+        module_for(name)
+    return _RUN_FROM
 
 
 def _last_level_cache() -> int:
@@ -212,7 +252,7 @@ def team_for(parts: int) -> int:
     thread at its region's end, for up to a scheduler time slice, where the
     calling thread alone takes at most the serial time. The spell lasts
     10-160 ms (_omp_shim.h; docs/performance.md, "Inside real programs")."""
-    return 1 if parts > 1 and kernels.crowded() else parts
+    return 1 if parts > 1 and crowded() else parts
 
 
 def threads_for(requested: int, work: int, items: int) -> int:

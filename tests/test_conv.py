@@ -86,7 +86,7 @@ def test_large_image_runs_on_the_requested_team(rng):
     from cypool import _backend
     if not _backend.kernels.openmp_info()[0]:
         pytest.skip("serial build")
-    _backend.kernels.set_crowded(False)
+    _backend.set_crowded(False)
     x = rng.standard_normal((1, 16, 64, 64)).astype(np.float32)
     w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
     out = cypool.conv2d(x, w, padding=1, num_threads=2)
@@ -163,14 +163,14 @@ def test_batches_claimed_by_whole_images(rng, stride, padding):
 def test_weight_grad_is_deterministic_for_a_thread_count(rng):
     # (each call outside a crowded spell: a late team thread in the call
     # before, on a loaded machine, would put the next one on one thread)
-    from cypool._backend import kernels
+    from cypool import _backend
     x = rng.standard_normal((6, 8, 20, 20)).astype(np.float32)
     w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
     g = rng.standard_normal((6, 8, 18, 18)).astype(np.float32)
-    kernels.set_crowded(False)
+    _backend.set_crowded(False)
     first = cypool.conv2d_backward(g, x, w, num_threads=2)[1]
     for _ in range(3):
-        kernels.set_crowded(False)
+        _backend.set_crowded(False)
         np.testing.assert_array_equal(cypool.conv2d_backward(g, x, w, num_threads=2)[1], first)
 
 

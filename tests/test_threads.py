@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import cypool
+from cypool import _backend
 from cypool._backend import kernels, module_for
 import reference as ref
 
@@ -16,13 +17,19 @@ def openmp_built():
     return kernels.openmp_info()[0]
 
 
+# The kernel each public function runs, where it may run from another
+# variant module than the chosen one (_backend.CAPPED): each module records
+# the team of its own kernels.
+_KERNEL_OF = {cypool.max_pool2d: "max_pool2d_forward", cypool.argmax2d: "argmax2d"}
+
+
 def team_of(fn, *args, **kw):
     """The team size fn(*args, **kw) ran on, called outside a crowded spell
     (a late thread in the call before, on a loaded machine, would put it on
     one thread), and its result."""
-    kernels.set_crowded(False)
+    _backend.set_crowded(False)
     res = fn(*args, **kw)
-    return kernels.last_team_size(), res
+    return module_for(_KERNEL_OF.get(fn, "conv2d_forward")).last_team_size(), res
 
 
 @pytest.mark.thread_unsafe(reason="asserts the team a call ran on: calls on other threads start crowded spells, process-wide")
@@ -48,22 +55,45 @@ def test_a_crowded_spell_runs_calls_on_the_calling_thread(rng):
         pytest.skip("serial build")
     x = rng.standard_normal(BIG).astype(np.float32)
     w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
-    calls = [lambda: cypool.max_pool2d(x, 2, return_indices=True, num_threads=2),
-             lambda: cypool.argmax2d(x, num_threads=2),
-             lambda: cypool.conv2d(x, w, None, 2, 1, num_threads=2)]
-    for call in calls:
-        size, expected = team_of(call)
-        assert size == 2
-        kernels.set_crowded(True)
-        assert kernels.crowded()
+    calls = [("max_pool2d_forward", lambda: cypool.max_pool2d(x, 2, return_indices=True, num_threads=2)),
+             ("argmax2d", lambda: cypool.argmax2d(x, num_threads=2)),
+             ("conv2d_forward", lambda: cypool.conv2d(x, w, None, 2, 1, num_threads=2))]
+    for name, call in calls:
+        _backend.set_crowded(False)
+        expected = call()
+        assert module_for(name).last_team_size() == 2
+        _backend.set_crowded(True)
+        assert _backend.crowded()
         got = call()
-        assert kernels.last_team_size() == 1
+        assert module_for(name).last_team_size() == 1
         got, expected = ((got, expected) if isinstance(got, tuple) else ((got,), (expected,)))
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)
-    kernels.set_crowded(False)
-    assert not kernels.crowded()
+    _backend.set_crowded(False)
+    assert not _backend.crowded()
+
+
+@pytest.mark.thread_unsafe(reason="asserts the team a call ran on: calls on other threads start crowded spells, process-wide")
+def test_a_spell_in_the_capped_kernels_module_counts(rng):
+    # On an AVX-512 CPU the max-pool and argmax kernels run from the AVX2
+    # module, whose late threads start spells in that module's clock: the
+    # calls after them must see it too, or each waits for a thread that
+    # does not run (a scheduler slice a call after a numpy product).
+    if not openmp_built():
+        pytest.skip("serial build")
+    x = rng.standard_normal(BIG).astype(np.float32)
+    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    assert team_of(cypool.max_pool2d, x, 2, num_threads=2)[0] == 2
+    module_for("max_pool2d_forward").set_crowded(True)  # that module alone
+    try:
+        assert _backend.crowded()
+        cypool.max_pool2d(x, 2, num_threads=2)
+        assert module_for("max_pool2d_forward").last_team_size() == 1
+        cypool.conv2d(x, w, None, 2, 1, num_threads=2)
+        assert module_for("conv2d_forward").last_team_size() == 1
+    finally:
+        _backend.set_crowded(False)
 
 
 @pytest.mark.thread_unsafe(reason="set_claiming switches every thread's kernels")
@@ -80,7 +110,7 @@ def test_claimed_and_static_shares_give_the_reference(rng, claiming):
     xs = rng.standard_normal((3, 37, 29, 31)).astype(np.float32)[:, :, ::2]
     xv = rng.standard_normal((2, 3, 17, 19, 40))
     wv = rng.standard_normal((4, 3, 3, 3))
-    kernels.set_claiming(claiming)
+    _backend.set_claiming(claiming)
     try:
         out, idx = cypool.max_pool2d(x, 3, 2, 1, return_indices=True, num_threads=2)
         am = cypool.argmax2d(x, num_threads=2)
@@ -88,7 +118,7 @@ def test_claimed_and_static_shares_give_the_reference(rng, claiming):
         vo = cypool.vector_conv2d(xv, wv, None, 1, 1, num_threads=2)
         vg = cypool.vector_conv2d_backward(np.ones_like(vo), xv, wv, 1, 1, num_threads=2)[0]
     finally:
-        kernels.set_claiming(True)
+        _backend.set_claiming(True)
     r_out, r_idx = ref.max_pool2d(x, 3, 2, 1)
     np.testing.assert_array_equal(out, r_out)
     np.testing.assert_array_equal(idx, r_idx)
@@ -172,12 +202,12 @@ def test_each_python_thread_sees_its_own_team_size(rng):
         seen["parallel"] = team_of(cypool.max_pool2d, x, 2, num_threads=2)[0]
         parallel_done.set()
         serial_done.wait(10)
-        seen["parallel after"] = kernels.last_team_size()
+        seen["parallel after"] = module_for("max_pool2d_forward").last_team_size()
 
     def serial():
         parallel_done.wait(10)
         cypool.max_pool2d(small, 2, num_threads=2)
-        seen["serial"] = kernels.last_team_size()
+        seen["serial"] = module_for("max_pool2d_forward").last_team_size()
         serial_done.set()
 
     threads = [threading.Thread(target=parallel), threading.Thread(target=serial)]
@@ -208,10 +238,10 @@ def test_weight_grads_are_the_same_in_a_crowded_spell(rng):
     for call in calls:
         size, team = team_of(call)
         assert size == 2
-        kernels.set_crowded(True)
+        _backend.set_crowded(True)
         alone = call()
         assert kernels.last_team_size() == 1
-        kernels.set_crowded(False)
+        _backend.set_crowded(False)
         for a, b in zip(team, alone):
             if a is not None:
                 np.testing.assert_array_equal(a, b)

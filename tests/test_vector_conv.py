@@ -83,16 +83,16 @@ def test_non_contiguous_inputs(rng):
 
 @pytest.mark.thread_unsafe(reason="the same team size for every call: calls on other threads start crowded spells, process-wide")
 def test_threads_give_the_same_result(rng):
-    from cypool._backend import kernels
+    from cypool import _backend
     x = rng.standard_normal((2, 4, 16, 16, 33)).astype(np.float32)
     w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
     a = cypool.vector_conv2d(x, w, num_threads=1, padding=1)
     b = cypool.vector_conv2d(x, w, num_threads=2, padding=1)
     np.testing.assert_array_equal(a, b)
     g = rng.standard_normal(a.shape).astype(np.float32)
-    kernels.set_crowded(False)
+    _backend.set_crowded(False)
     first = cypool.vector_conv2d_backward(g, x, w, padding=1, num_threads=2)
-    kernels.set_crowded(False)
+    _backend.set_crowded(False)
     for u, v in zip(first, cypool.vector_conv2d_backward(g, x, w, padding=1, num_threads=2)):
         np.testing.assert_array_equal(u, v)  # deterministic for a thread count
 
