@@ -6,6 +6,7 @@ from cypool._kernels_baseline import max_threads as max_threads
 from cypool._kernels_baseline import last_team_size as last_team_size
 from cypool._kernels_baseline import set_claiming as set_claiming
 from cypool._kernels_baseline import set_grid as set_grid
+from cypool._kernels_baseline import set_pack_mode as set_pack_mode
 from cypool._kernels_baseline import crowded as crowded
 from cypool._kernels_baseline import set_crowded as set_crowded
 from cypool._kernels_baseline import vector_conv2d_forward as vector_conv2d_forward

@@ -136,6 +136,48 @@ def test_forward_with_and_without_the_dropped_columns(rng, trial, mode):
             m.set_grid(1)
 
 
+@pytest.mark.thread_unsafe(reason="set_pack_mode switches the forward's path for every thread")
+@pytest.mark.parametrize("trial", range(12))
+def test_forward_reads_taps_in_place_or_from_a_copy(rng, trial):
+    # Where a call runs the tiles over the virtual output (not the direct
+    # kernels, not the grid), they read each block of the taps either from a
+    # per-thread copy or where it lies (the phase buffer, or the image read
+    # in place); a cost rule picks one (kh * kw > 1 reads in place). Both are
+    # forced here, on calls big enough for the tiles and with more output
+    # channels than a tile holds (fewer never copy): the same sums, so the
+    # same bits, and the reference's values, forward and input gradient.
+    from cypool._backend import load_variant, RUNNABLE_ISAS
+    from cypool._conv_engine import plan
+    while True:
+        xs, ws, geo, pad = random_case(rng, big=True)
+        ws = (5 + int(rng.integers(0, 15)),) + ws[1:]
+        xs = (max(xs[0], 4),) + xs[1:]
+        if not plan(xs, ws, **geo).direct and min(xs[2:]) > 2:
+            break
+    mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
+    dtype = [np.float32, np.float64][trial % 2]
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    got = {}
+    try:
+        for m in mods:
+            m.set_grid(0)
+        for mode in (0, 2):
+            for m in mods:
+                m.set_pack_mode(mode)
+            check_against_reference(rng, xs, ws, geo, pad, dtype, batched=True,
+                                    with_bias=trial % 3 != 0, view=trial % 4 == 0,
+                                    num_threads=1 + trial % 3)
+            out = np.full(cypool.conv2d(x, w, **geo).shape, np.nan, dtype)
+            cypool.conv2d(x, w, None, **geo, out=out, num_threads=1 + trial % 2)
+            got[mode] = out
+        np.testing.assert_array_equal(got[0], got[2])
+    finally:
+        for m in mods:
+            m.set_pack_mode(1)
+            m.set_grid(1)
+
+
 @pytest.mark.parametrize("stride, padding", [(1, 1), (2, 1), (1, 0)])
 def test_batches_claimed_by_whole_images(rng, stride, padding):
     # Four images a thread or more: threads claim whole images, several at

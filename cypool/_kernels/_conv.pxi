@@ -210,6 +210,27 @@ def set_grid(int mode):
     _grid_mode = mode
 
 
+# Whether the forward tiles read each tap from the phase buffer (or the image
+# read in place) rather than from a block copied per thread: 1 where taps
+# overlap (kh * kw > 1), the default; 0 never; 2 always. The copy (_vconv.pxi,
+# cypool_vc_eblock) keeps tap vectors that lie E apart from aliasing in L1,
+# which a vector image's do. A standard convolution's kh * kw taps of a
+# channel read the same few rows shifted, so the block they read in place is
+# kh * kw times smaller than its copy, and the copy cost more than the
+# unaligned loads it saves: LeNet's [64, 6, 14, 14] by 5x5 ran 17-22% faster
+# without it on the AVX-512 host, the 7x7 stem 15%, while a 1x1 convolution
+# (its taps do not overlap) ran 6% slower (docs/performance.md).
+cdef int _pack_mode = 1
+
+
+def set_pack_mode(int mode):
+    """Diagnostic for the tests and A/B runs: the forward tiles copy each
+    block of the taps first never where taps overlap (1, the default),
+    always (0) or never (2). Not thread-safe; not for use."""
+    global _pack_mode
+    _pack_mode = mode
+
+
 cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
                      Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
                      Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t grid_unit) noexcept nogil:
@@ -296,6 +317,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     cdef floating* pack = _pack_rows(pp, j.K)
     cdef const floating* img = buf
     cdef int failed = buf == NULL or tmp == NULL or xs == NULL or outs == NULL or pp == NULL
+    cdef bint nopack = _pack_mode == 2 or (_pack_mode == 1 and j.K > j.p.C)
     if not failed:
         for o in range(j.Op):
             outs[o] = tmp + o * j.ce
@@ -325,7 +347,8 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                 _vc_pixel(j.K, xs, wt, j.Op, 0,
                           ne if j.in_place and n >= j.in_place_spill
                           else min(j.ce, (ne + vt - 1) // vt * vt),
-                          j.O, outs, <const floating*>NULL, pack, pp)
+                          j.O, outs, <const floating*>NULL,
+                          NULL if nopack else pack, NULL if nopack else pp)
                 _copy_out(tmp, j, out, n, e_lo, ne, Wq, bias, so)
             q = _claim(team, Q, B, &qend) if team != NULL and q + 1 >= qend else q + 1
     free(buf)
