@@ -14,12 +14,14 @@
 # vector convolution of a single pixel with E = (OH - 1) * Wq + OW (the
 # Wq - OW columns past each output row are computed and dropped): the
 # register-blocked tiles of _conv_tiles.h do the arithmetic, and no
-# im2col buffer is made. Where the dropped columns are a large enough share
-# and there are more output channels than a tile holds, the tiles skip
-# them: each block of real positions is gathered from its rows into the
-# packed block they read anyway (cypool_vc_grid), and work items are chunks
-# of the OH * OW real positions. An unpadded stride-1 convolution of
-# C-contiguous images reads them in place (the buffer would be a copy).
+# im2col buffer is made. The tiles read each tap's block where it lies,
+# but for a 1x1 convolution, whose taps they copy into a packed block
+# first (_pack_mode). Where the dropped columns are a large enough share
+# and there are 64 output channels or more, the tiles skip them: each
+# block of real positions is gathered from its rows into a packed block
+# (cypool_vc_grid), and work items are chunks of the OH * OW real
+# positions. An unpadded stride-1 convolution of C-contiguous images reads
+# them in place (the buffer would be a copy).
 #
 # The input gradient of a stride-1 convolution is this forward run on the
 # output gradient padded by the kernel's reach, with the kernel flipped and
@@ -241,15 +243,17 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
     j.K = K; j.O = O; j.Op = Op; j.OH = OH; j.OW = OW; j.ce = ce
     # Skipping the Wq - OW dropped columns of every Wq saves that share of
     # the multiply-adds, about 3 O cycles a tap and block of positions, for
-    # a gather of about 20 cycles more than the packing copy it replaces
+    # a gather of about 20 cycles more than the packing copy it replaced
     # (fitted on the AVX2 host, docs/performance.md): it pays where
-    # (Wq - OW) * O >= 8 * Wq, and only with more output channels than a
-    # tile holds (with fewer the tiles read the taps unpacked). The rows
-    # must be whole copy units, or three units or more: a row cut short
-    # of a unit is copied a value at a time, which lost on rows of 5 and
-    # 10 values.
+    # (Wq - OW) * O >= 8 * Wq, and only with 64 output channels or more.
+    # Since overlapping taps are read in place (_pack_mode), the gather is
+    # no longer set against a copy, and with 32 output channels it lost
+    # everywhere measured (4-21% on [64, 16, 12, 12] by 5x5), with 64 or
+    # more it won or tied. The rows must be whole copy units, or three
+    # units or more: a row cut short of a unit is copied a value at a
+    # time, which lost on rows of 5 and 10 values.
     j.grid = grid_unit > 0 and O > CYPOOL_VC_OB and j.p.Wq > OW and (
-        _grid_mode == 2 or (_grid_mode == 1
+        _grid_mode == 2 or (_grid_mode == 1 and O >= 64
                             and (OW % grid_unit == 0 or OW >= 3 * grid_unit)
                             and (j.p.Wq - OW) * O >= 8 * j.p.Wq))
     j.L = OH * OW if j.grid else (OH - 1) * j.p.Wq + OW
