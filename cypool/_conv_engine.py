@@ -256,8 +256,6 @@ def weight_grad_into(gw, gb, gc, x4, weight, p: Plan, nt: int) -> None:
 
 # Bytes of tap vectors to keep in L2 while neighbouring pixels reuse them.
 _L2_BUDGET = 512 * 1024
-# Below this many taps an output, a strided forward at E = 8 takes the tiles.
-_FEW_TAPS = 64
 
 
 class VectorCall(NamedTuple):
@@ -275,8 +273,7 @@ def vector_checks(x, weight, stride, padding, dilation):
     for checked()."""
     x5, weight, batched, geom = chk.vector_conv_args(x, weight, stride, padding, dilation)
     N, E = x5.shape[0], x5.shape[4]
-    taps = weight.shape[1] * geom.kh * geom.kw
-    by_conv = (forward_by_conv(E, geom.sh, geom.sw, taps)
+    by_conv = (forward_by_conv(E, geom.sh, geom.sw, weight.shape[0])
                or backward_by_conv(E, geom.sh, geom.sw))
     p = small_e_plan(x5, weight, geom) if by_conv else None
     direct = p.direct if p is not None and E == 1 else ()
@@ -291,13 +288,16 @@ def vector_checks(x, weight, stride, padding, dilation):
 # empty. Which way is faster depends on E and the stride (bench/README.md
 # and docs/performance.md have the measurements behind these rules).
 
-def forward_by_conv(E: int, sh: int, sw: int, taps: int) -> bool:
-    """Whether the forward takes conv2d's kernels: below E = 16, except a
-    strided convolution at E = 8 with few taps (C*kh*kw) an output: there a
-    component image's set-up (its phase split, its output written E
-    values apart) outweighs its arithmetic, and E = 8 fills an AVX2
-    vector tile."""
-    return E < 16 and (E % 8 != 0 or sh == sw == 1 or taps >= _FEW_TAPS)
+def forward_by_conv(E: int, sh: int, sw: int, O: int) -> bool:
+    """Whether the forward takes conv2d's kernels: below E = 16, but for a
+    strided convolution at E = 8, and at E = 16 for fewer output channels
+    than a tile holds (O < 4). A strided component image's set-up (its
+    phase split, its output written E values apart) outweighs its
+    arithmetic, and E = 8 fills an AVX2 vector tile (half an AVX-512 one);
+    with O < 4 the tiles run narrow rows."""
+    if sh == sw == 1:
+        return E < 16 or (E == 16 and O < _backend.kernels.channel_block())
+    return E < 16 and E % 8 != 0
 
 
 def backward_by_conv(E: int, sh: int, sw: int) -> bool:
@@ -336,7 +336,7 @@ def vector_forward_into(res, x5, weight, b, call: VectorCall, nt: int) -> None:
     plus b (an empty array for none) on component 0."""
     E, O = x5.shape[4], weight.shape[0]
     geom = call.geom
-    if forward_by_conv(E, geom.sh, geom.sw, weight.size // O):
+    if forward_by_conv(E, geom.sh, geom.sw, O):
         # conv2d's bias goes to every component image: at E = 1, that is
         # component 0; otherwise it is added to component 0 afterwards.
         kb = b if E == 1 else chk.no_bias(x5.dtype)

@@ -298,7 +298,7 @@ def test_vector_tiles_at_every_end_of_e(rng, monkeypatch, dtype, O, C):
     # 7 components after the vector tiles, with the bias on component 0;
     # output channels 4 at a time and a last block of 1 to 3 (O in the
     # forward, C in the input gradient).
-    monkeypatch.setattr(vc, "forward_by_conv", lambda E, sh, sw, taps: False)
+    monkeypatch.setattr(vc, "forward_by_conv", lambda E, sh, sw, O: False)
     monkeypatch.setattr(vc, "backward_by_conv", lambda E, sh, sw: False)
     for E in range(1, 26):
         x = rng.standard_normal((2, C, 7, 6, E)).astype(dtype)
@@ -316,30 +316,32 @@ def test_vector_tiles_at_every_end_of_e(rng, monkeypatch, dtype, O, C):
             np.testing.assert_allclose(got, want, **tol(dtype), err_msg=f"E = {E}")
 
 
-@pytest.mark.parametrize("E,stride,taps,forward,backward", [
+@pytest.mark.parametrize("E,stride,O,forward,backward", [
     (1, 1, 16, True, True), (7, 2, 16, True, True), (8, 1, 16, True, True),
-    (8, 2, 16, False, True), (8, 2, 63, False, True), (8, 2, 64, True, True),
-    (8, 2, 256, True, True), (15, 1, 16, True, True), (16, 1, 256, False, True),
-    (16, 2, 256, False, True), (20, 2, 16, False, True), (24, 1, 16, False, True),
+    (8, 2, 16, False, True), (8, 2, 2, False, True), (12, 2, 32, True, True),
+    (15, 1, 16, True, True), (16, 1, 32, False, True), (16, 1, 2, True, True),
+    (16, 2, 2, False, True), (20, 2, 16, False, True), (24, 1, 16, False, True),
     (24, 2, 16, False, False), (32, 1, 16, False, True), (33, 1, 16, False, False)])
-def test_crossover_rules(E, stride, taps, forward, backward):
-    assert vc.forward_by_conv(E, stride, stride, taps) is forward
+def test_crossover_rules(E, stride, O, forward, backward):
+    assert vc.forward_by_conv(E, stride, stride, O) is forward
     assert vc.backward_by_conv(E, stride, stride) is backward
 
 
-@pytest.mark.parametrize("taps_c", [1, 8])
-def test_strided_e8_both_ways(rng, taps_c):
-    # A strided forward at E = 8 takes the tiles with few taps an output and
-    # conv2d's kernels with many (forward_by_conv): both against the
-    # reference, with padding, dilation and a bias.
-    x = rng.standard_normal((2, taps_c, 13, 12, 8)).astype(np.float32)
+@pytest.mark.parametrize("O", [2, 6])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_e16_both_ways(rng, O, stride):
+    # At E = 16 a stride-1 forward takes conv2d's kernels for fewer output
+    # channels than a tile holds and the tiles for more; strided, the
+    # tiles (forward_by_conv): each against the reference, with padding,
+    # dilation, a bias and a zero pixel.
+    x = rng.standard_normal((2, 3, 13, 12, 16)).astype(np.float32)
     x[1, 0, 3, :, :] = 0.0
-    w = rng.standard_normal((6, taps_c, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(6).astype(np.float32)
-    assert vc.forward_by_conv(8, 2, 2, w[0].size) is (taps_c == 8)
-    out = cypool.vector_conv2d(x, w, b, 2, 1, (1, 2))
+    w = rng.standard_normal((O, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    assert vc.forward_by_conv(16, stride, stride, O) is (stride == 1 and O < 4)
+    out = cypool.vector_conv2d(x, w, b, stride, 1, (1, 2))
     want = ref.vector_conv2d(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64),
-                             (2, 2), (1, 1), (1, 2))
+                             (stride, stride), (1, 1), (1, 2))
     np.testing.assert_allclose(out, want, **tol(np.float32))
 
 
