@@ -219,16 +219,17 @@ def set_grid(int mode):
 # which a vector image's do. A standard convolution's kh * kw taps of a
 # channel read the same few rows shifted, so the block they read in place is
 # kh * kw times smaller than its copy, and the copy cost more than the
-# unaligned loads it saves: LeNet's [64, 6, 14, 14] by 5x5 ran 17-22% faster
-# without it on the AVX-512 host, the 7x7 stem 15%, while a 1x1 convolution
-# (its taps do not overlap) ran 6% slower (docs/performance.md).
+# unaligned loads it saves: LeNet's [64, 6, 14, 14] by 5x5 ran 17-19% faster
+# without it on the AVX-512 host, the 7x7 stem 5-10%, while a 1x1
+# convolution (its taps do not overlap) ran 6% slower (docs/performance.md).
 cdef int _pack_mode = 1
 
 
 def set_pack_mode(int mode):
-    """Diagnostic for the tests and A/B runs: the forward tiles copy each
-    block of the taps first never where taps overlap (1, the default),
-    always (0) or never (2). Not thread-safe; not for use."""
+    """Diagnostic for the tests and A/B runs: the forward tiles read the
+    taps where they lie when they overlap (1, the default), never (0: they
+    always copy each block of them first) or always (2). Not thread-safe;
+    not for use."""
     global _pack_mode
     _pack_mode = mode
 
