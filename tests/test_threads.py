@@ -46,15 +46,21 @@ def test_num_threads_is_what_the_kernel_runs_on(rng):
     assert team_of(cypool.vector_conv2d, xv, wv, num_threads=1)[0] == 1
 
 
+def _threaded_case(rng):
+    """An image batch big enough for a team, and a 3x3 weight for it;
+    skips a serial build."""
+    if not openmp_built():
+        pytest.skip("serial build")
+    return (rng.standard_normal(BIG).astype(np.float32),
+            rng.standard_normal((8, 16, 3, 3)).astype(np.float32))
+
+
 @pytest.mark.thread_unsafe(reason="asserts the team a call ran on: calls on other threads start crowded spells, process-wide")
 def test_a_crowded_spell_runs_calls_on_the_calling_thread(rng):
     # After a team thread started late (its core taken by another
     # library's spinning threads), threaded calls run serial for a while,
     # with the same results; once the spell ends they use the team again.
-    if not openmp_built():
-        pytest.skip("serial build")
-    x = rng.standard_normal(BIG).astype(np.float32)
-    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    x, w = _threaded_case(rng)
     calls = [("max_pool2d_forward", lambda: cypool.max_pool2d(x, 2, return_indices=True, num_threads=2)),
              ("argmax2d", lambda: cypool.argmax2d(x, num_threads=2)),
              ("conv2d_forward", lambda: cypool.conv2d(x, w, None, 2, 1, num_threads=2))]
@@ -80,10 +86,7 @@ def test_a_spell_in_the_capped_kernels_module_counts(rng):
     # module, whose late threads start spells in that module's clock: the
     # calls after them must see it too, or each waits for a thread that
     # does not run (a scheduler slice a call after a numpy product).
-    if not openmp_built():
-        pytest.skip("serial build")
-    x = rng.standard_normal(BIG).astype(np.float32)
-    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    x, w = _threaded_case(rng)
     assert team_of(cypool.max_pool2d, x, 2, num_threads=2)[0] == 2
     module_for("max_pool2d_forward").set_crowded(True)  # that module alone
     try:
