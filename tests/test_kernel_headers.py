@@ -2,9 +2,7 @@
 (cypool/_kernels/_conv_tiles.h, tests/c/vconv_tiles.c) and the direct stride-1
 kernels (cypool/_kernels/_conv_direct.h, tests/c/conv_direct.c) and the tap-major
 weight copy (cypool/_kernels/_tap_major.h, tests/c/tap_major.c), compiled on their
-own for every vector width the wheels build, against plain loops; and the
-calling thread's wait for its late team threads (cypool/_kernels/_omp_shim.h,
-tests/c/team_await.c), against threads that arrive late. The
+own for every vector width the wheels build, against plain loops. The
 Python tests run the kernels of the variant this CPU picks; this runs the
 others too, the AVX-512 layout included, on any x86-64 CPU."""
 import os
@@ -20,7 +18,7 @@ from cypool import _backend
 ROOT = Path(__file__).resolve().parents[1]
 HEADER_DIR = ROOT / "cypool" / "_kernels"
 SOURCES = {"vconv_tiles": "_conv_tiles.h", "conv_direct": "_conv_direct.h",  # test: header
-           "tap_major": "_tap_major.h", "team_await": "_omp_shim.h"}
+           "tap_major": "_tap_major.h"}
 
 # (name, extra flags, CPU feature needed to run it): gcc lowers the 64-byte
 # vectors of the AVX-512 layout to the instructions it is allowed.

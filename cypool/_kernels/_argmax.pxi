@@ -130,7 +130,7 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
         B = _claim_block(P, num_threads)
         _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
-            _team_arrive(&team)
+            _note_team()
             end = -1
             start = _claim(&team, P, B, &end)
             while start < P:
@@ -151,7 +151,7 @@ def argmax2d(const value_t[:, ::1] x,      # IN  (P, H*W) maps
     B = _claim_block(T, num_threads)
     _team_begin(&team)
     with nogil, parallel(num_threads=num_threads):
-        _team_arrive(&team)
+        _note_team()
         end = -1
         start = _claim(&team, T, B, &end)
         while start < T:

@@ -23,8 +23,6 @@ cdef extern from "_omp_shim.h" nogil:
     int64_t cypool_now_ns()
     void cypool_note_start(int64_t opened_ns)
     void cypool_note_end(int64_t opened_ns, int64_t done_ns)
-    void cypool_team_arrive(int* arrived)
-    int cypool_await_team(const int* arrived, int n, int64_t opened_ns)
     int cypool_crowded()
     void cypool_set_crowded(int on)
     void cypool_set_last_team(int n)
@@ -147,7 +145,6 @@ cdef struct Team:
     Py_ssize_t next     # the next unclaimed work item
     int64_t opened_ns   # when the calling thread opened the region
     int64_t done_ns     # when the calling thread found no work left (0 before)
-    int arrived         # team threads, the calling thread not counted, that entered the region
 
 
 cdef inline void _team_begin(Team* team) noexcept nogil:
@@ -155,18 +152,6 @@ cdef inline void _team_begin(Team* team) noexcept nogil:
     team.next = 0
     team.opened_ns = cypool_now_ns()
     team.done_ns = 0
-    team.arrived = 0
-
-
-cdef inline void _team_arrive(Team* team) noexcept nogil:
-    """The first statement of a parallel body that claims its work: records
-    the team's size (_note_team), and a team thread tells how late it
-    started (cypool_note_start) and that it has arrived, which the calling
-    thread waits for once it finds no work left (_claim)."""
-    _note_team()
-    if omp_get_thread_num() != 0:
-        cypool_note_start(team.opened_ns)
-        cypool_team_arrive(&team.arrived)
 
 
 cdef inline void _team_end(Team* team) noexcept nogil:
@@ -188,15 +173,15 @@ cdef inline Py_ssize_t _claim(Team* team, Py_ssize_t Q, Py_ssize_t B,
     another library's threads still spin (OpenBLAS for about 0.1 s after
     a product) or a neighbour takes a core, a static share waits for its
     slowest thread, while claimed blocks go to the threads that run. A
-    team thread's arrival tells whether it started late (_team_arrive),
-    and _team_end whether the calling thread waited long for a thread
-    preempted mid-block (cypool_note_end): either starts a crowded spell,
-    in which calls run serial (docs/performance.md, "Inside real
-    programs"). The calling thread, its work all claimed, waits asleep for
-    team threads that have not arrived (cypool_await_team), so that one
-    queued on its CPU can run."""
+    team thread's first claim tells whether it started late
+    (cypool_note_start), and _team_end whether the calling thread waited
+    long for a thread preempted mid-block (cypool_note_end): either
+    starts a crowded spell, in which calls run serial (docs/performance.md,
+    "Inside real programs")."""
     cdef Py_ssize_t start
     cdef int t = omp_get_thread_num()
+    if end[0] < 0 and t != 0:
+        cypool_note_start(team.opened_ns)
     if not _claiming:
         if end[0] >= 0:
             start = Q
@@ -206,9 +191,8 @@ cdef inline Py_ssize_t _claim(Team* team, Py_ssize_t Q, Py_ssize_t B,
     else:
         start = cypool_claim(&team.next, B)
         end[0] = start + B if start + B < Q else Q
-    if t == 0 and start >= Q and team.done_ns == 0:
+    if t == 0 and start >= Q:
         team.done_ns = cypool_now_ns()
-        cypool_await_team(&team.arrived, omp_get_num_threads() - 1, team.opened_ns)
     return start
 
 

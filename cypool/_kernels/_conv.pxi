@@ -420,7 +420,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         else:
             _team_begin(&team)
             with nogil, parallel(num_threads=num_threads):
-                _team_arrive(&team)
+                _note_team()
                 if _forward_items(x, wt, bptr, out, &j, Q, B, &team):
                     fail[0] = 1
             _team_end(&team)

@@ -212,7 +212,7 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
         else:
             _team_begin(&team)
             with nogil, parallel(num_threads=T):
-                _team_arrive(&team)
+                _note_team()
                 end = -1
                 s = _claim(&team, S, 1, &end)
                 while s < S:
@@ -365,7 +365,7 @@ def conv2d_input_grad_col2im(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH
             # buffers taken once.
             _team_begin(&team)
             with nogil, parallel(num_threads=num_threads):
-                _team_arrive(&team)
+                _note_team()
                 mine = <Col2imWork*>calloc(1, sizeof(Col2imWork))  # (assigned here: private)
                 if mine == NULL or _col2im_work(mine, C, Hp, Wp, O, Kp, ce, <floating*>NULL):
                     fail[0] = 1

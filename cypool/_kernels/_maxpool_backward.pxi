@@ -203,7 +203,7 @@ def max_pool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
     B = _claim_block(P - 1, num_threads)
     _team_begin(&team)
     with nogil, parallel(num_threads=num_threads):
-        _team_arrive(&team)
+        _note_team()
         end = -1
         start = _claim(&team, P - 1, B, &end)
         while start < P - 1:
@@ -255,7 +255,7 @@ def max_unpool2d(const value_t[:, ::1] x,            # IN  (P, H*W)
     B = _claim_block(P, num_threads)
     _team_begin(&team)
     with nogil, parallel(num_threads=num_threads):
-        _team_arrive(&team)
+        _note_team()
         end = -1
         start = _claim(&team, P, B, &end)
         while start < P:
@@ -314,7 +314,7 @@ def max_unpool2d_backward(const value_t[:, ::1] grad_output,  # IN  (P, OH*OW)
         B = _claim_block(P, num_threads)
         _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
-            _team_arrive(&team)
+            _note_team()
             end = -1
             start = _claim(&team, P, B, &end)
             while start < P:  # (a writer table a block: a small malloc)

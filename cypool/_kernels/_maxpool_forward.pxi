@@ -198,7 +198,7 @@ def max_pool2d_forward(const value_t[:, :, ::1] x,     # IN  (P, H, W)
         B = _claim_block(P, num_threads)
         _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
-            _team_arrive(&team)
+            _note_team()
             end = -1
             start = _claim(&team, P, B, &end)
             while start < P:

@@ -138,7 +138,7 @@ cdef void _pool_small(const value_t* x, value_t* op, index_t* ip, Py_ssize_t P,
         return
     _team_begin(&team)
     with parallel(num_threads=num_threads):
-        _team_arrive(&team)
+        _note_team()
         end = -1
         start = _claim(&team, nblocks, B, &end)
         while start < nblocks:

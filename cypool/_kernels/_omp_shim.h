@@ -73,7 +73,7 @@ static inline void cypool_note_late(int64_t now) {
     __atomic_store_n(&cypool_crowded_until_ns, now + spell, __ATOMIC_RELAXED);
 }
 
-/* A team thread's arrival in its region, opened_ns after the region opened. */
+/* A team thread's first claim, opened_ns after its region opened. */
 static inline void cypool_note_start(int64_t opened_ns) {
     int64_t now = cypool_now_ns();
     if (now - opened_ns > CYPOOL_LATE_NS)
@@ -89,49 +89,6 @@ static inline void cypool_note_end(int64_t opened_ns, int64_t done_ns) {
     int64_t now = cypool_now_ns();
     if (done_ns > 0 && now - done_ns > CYPOOL_LATE_NS && 4 * (now - done_ns) > done_ns - opened_ns)
         cypool_note_late(now);
-}
-
-/* The calling thread of a region, its work all claimed, waits here until
- * the n other threads of its team have arrived (*arrived, counted by
- * cypool_team_arrive), and sleeps while it waits once the region has been
- * open CYPOOL_AWAIT_SPIN_NS. The region's end waits for every thread, and
- * libgomp's barrier spins: on a virtual machine whose idle CPUs halt, a
- * team thread woken after a pause was put on the calling thread's own CPU,
- * behind it, and started only when a scheduler tick (4 ms) preempted the
- * spinning caller; one queued behind another library's spinning thread
- * waited the same way. Asleep, the caller leaves its CPU to the late
- * thread, which starts at once, finds no work left and arrives: the first
- * LeNet-sized call after a 20 ms pause took 0.6 ms instead of 6
- * (docs/performance.md, "Inside real programs"). A thread that arrived
- * and was then preempted in the middle of a block still holds the
- * region's end (cypool_note_end). */
-#define CYPOOL_AWAIT_SPIN_NS 100000
-#define CYPOOL_AWAIT_SLEEP_NS 20000
-#if defined(__x86_64__) || defined(__i386__)
-#define CYPOOL_CPU_RELAX() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define CYPOOL_CPU_RELAX() __asm__ __volatile__("yield")
-#else
-#define CYPOOL_CPU_RELAX() ((void)0)
-#endif
-
-static inline void cypool_team_arrive(int* arrived) {
-    __atomic_fetch_add(arrived, 1, __ATOMIC_RELEASE);
-}
-
-/* Returns how many times it slept (for the tests). */
-static inline int cypool_await_team(const int* arrived, int n, int64_t opened_ns) {
-    int slept = 0;
-    while (__atomic_load_n(arrived, __ATOMIC_ACQUIRE) < n) {
-        if (cypool_now_ns() - opened_ns > CYPOOL_AWAIT_SPIN_NS) {
-            struct timespec nap = {0, CYPOOL_AWAIT_SLEEP_NS};
-            nanosleep(&nap, NULL);
-            slept++;
-        } else {
-            CYPOOL_CPU_RELAX();
-        }
-    }
-    return slept;
 }
 
 static inline int cypool_crowded(void) {

@@ -264,7 +264,7 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
         B = _claim_block(P, num_threads)
         _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
-            _team_arrive(&team)
+            _note_team()
             end = -1
             start = _claim(&team, P, B, &end)
             while start < P:
@@ -360,7 +360,7 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
         B = _claim_block(P, num_threads)
         _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
-            _team_arrive(&team)
+            _note_team()
             end = -1
             start = _claim(&team, P, B, &end)
             while start < P:
@@ -440,7 +440,7 @@ def vector_conv2d_weight_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O
     else:
         _team_begin(&team)
         with nogil, parallel(num_threads=T):
-            _team_arrive(&team)
+            _note_team()
             end = -1
             s = _claim(&team, S, 1, &end)
             while s < S:

@@ -312,7 +312,7 @@ def zono_dense(const floating[:, :] z,       # IN  (D, E), E contiguous
         B = _claim_block(nb, num_threads)
         _team_begin(&team)
         with nogil, parallel(num_threads=num_threads):
-            _team_arrive(&team)
+            _note_team()
             if _dense_blocks(&a, &w[0, 0], &team, nb, B):
                 fail[0] = 1
         _team_end(&team)
