@@ -22,8 +22,10 @@ after one of these preludes, in a random order, the peers in turn:
   report that the strided convolution stalled at 8 ms a call after torch).
 
 It prints, per condition, the median over rounds of each burst's median
-call, and as a multiple of the peer's steady state; and the worst burst
-median of any condition. --static-ab adds cypool with its work split in
+call, and as a multiple of the peer's steady state; the median over rounds
+of the first call after the pause alone (a program that calls a kernel
+now and then meets it at every call); and the worst burst median of any
+condition. --static-ab adds cypool with its work split in
 equal static shares (the old threading), interleaved in the same rounds, to
 show what claiming blocks of work buys (docs/performance.md).
 """
@@ -42,6 +44,7 @@ from cypool import _backend
 BURST = 5
 PAUSE = 0.15
 CONDITIONS = ["steady", "after matmul", "after the other library", "after the other, paused"]
+FIRST = "first call after the pause"
 
 
 def cases(quick: bool, n: int):
@@ -120,7 +123,7 @@ def static_shares(fn):
 def measure(peers: dict, rounds: int, a: np.ndarray, rng) -> dict:
     """{peer: {condition: [burst medians]}}, the conditions and peers in a
     random order each round."""
-    res = {p: {c: [] for c in CONDITIONS} for p in peers}
+    res = {p: {c: [] for c in CONDITIONS + [FIRST]} for p in peers}
     others = {p: [fn for q, fn in peers.items() if q.startswith("torch") != p.startswith("torch")]
               for p in peers}
     for fn in peers.values():  # first-call costs (thread pools, caches)
@@ -150,22 +153,24 @@ def measure(peers: dict, rounds: int, a: np.ndarray, rng) -> dict:
                     fn()
                     ts.append(time.perf_counter() - t)
                 res[p][c].append(statistics.median(ts))
+                if c == "after the other, paused":
+                    res[p][FIRST].append(ts[0])
     return res
 
 
 def report(rows) -> str:
-    head = ("| operation | peer | steady ms | " + " | ".join(CONDITIONS[1:])
+    head = ("| operation | peer | steady ms | " + " | ".join(CONDITIONS[1:] + [FIRST])
             + " | worst burst |")
     lines = ["### Burst medians against the steady state (median over rounds)", "", head,
-             "|" + "---|" * (len(CONDITIONS) + 3)]
+             "|" + "---|" * (len(CONDITIONS) + 4)]
     for name, res in rows:
         for p, conds in res.items():
             st = statistics.median(conds["steady"])
             cells = []
-            for c in CONDITIONS[1:]:
+            for c in CONDITIONS[1:] + [FIRST]:
                 m = statistics.median(conds[c])
                 cells.append(f"{m * 1e3:.2f} ({m / st:.2f}x)")
-            worst = max(max(v) for v in conds.values())
+            worst = max(max(conds[c]) for c in CONDITIONS)
             lines.append(f"| {name} | {p} | {st * 1e3:.2f} | " + " | ".join(cells)
                          + f" | {worst / st:.2f}x |")
     return "\n".join(lines)
