@@ -135,6 +135,9 @@ CPU_FEATURES = _cpu_features()
 ISA, kernels, AVAILABLE_ISAS, _FORCED = _choose()
 # The variants built that this CPU runs: the only ones that may be imported.
 RUNNABLE_ISAS = [n for n in AVAILABLE_ISAS if not missing_features(n, CPU_FEATURES)]
+# Output channels per register tile of the convolutions (the same in every
+# variant): weights' channel columns are padded to a multiple of it.
+CHANNEL_BLOCK = kernels.channel_block()
 _ORDER = [name for name, _ in LEVELS]
 
 
@@ -295,9 +298,8 @@ def padded_columns(a: np.ndarray) -> np.ndarray:
     """a (rows, n) as C-contiguous (rows, n') with zero columns up to a
     multiple of the convolution tiles' channel block: the layout the
     kernels take their weights in."""
-    blk = kernel("channel_block")()
     n = a.shape[1]
-    npad = -(-n // blk) * blk
+    npad = -(-n // CHANNEL_BLOCK) * CHANNEL_BLOCK
     if npad == n:
         return np.ascontiguousarray(a)
     out = np.zeros((a.shape[0], npad), dtype=a.dtype)

@@ -291,12 +291,12 @@ def vector_checks(x, weight, stride, padding, dilation):
 def forward_by_conv(E: int, sh: int, sw: int, O: int) -> bool:
     """Whether the forward takes conv2d's kernels: below E = 16, but for a
     strided convolution at E = 8, and at E = 16 for fewer output channels
-    than a tile holds (O < 4). A strided component image's set-up (its
-    phase split, its output written E values apart) outweighs its
-    arithmetic, and E = 8 fills an AVX2 vector tile (half an AVX-512 one);
-    with O < 4 the tiles run narrow rows."""
+    than a tile holds (_backend.CHANNEL_BLOCK, 4). A strided component
+    image's set-up (its phase split, its output written E values apart)
+    outweighs its arithmetic, and E = 8 fills an AVX2 vector tile (half an
+    AVX-512 one); with fewer than 4 channels the tiles run narrow rows."""
     if sh == sw == 1:
-        return E < 16 or (E == 16 and O < _backend.kernels.channel_block())
+        return E < 16 or (E == 16 and O < _backend.CHANNEL_BLOCK)
     return E < 16 and E % 8 != 0
 
 
