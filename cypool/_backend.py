@@ -249,12 +249,15 @@ def parts_for(requested: int, work: int, items: int) -> int:
 
 def team_for(parts: int) -> int:
     """The team that runs a call of `parts` parts now: the calling thread
-    alone during a crowded spell. A team thread of a recent call started
+    alone during a crowded spell. Where the kernels run on libgomp's team
+    (builds other than gcc on Linux), a team thread of a recent call started
     late or was held up mid-call, its core taken by other threads (another
-    library's spinning pool, another program): a team would wait for such a
-    thread at its region's end, for up to a scheduler time slice, where the
-    calling thread alone takes at most the serial time. The spell lasts
-    10-160 ms (_omp_shim.h; docs/performance.md, "Inside real programs")."""
+    library's spinning pool, another program): libgomp's team waits for such
+    a thread at its region's end, for up to a scheduler time slice, where
+    the calling thread alone takes at most the serial time. The spell lasts
+    10-160 ms (_omp_shim.h; docs/performance.md, "Inside real programs").
+    cypool's own team (_team.h) runs a late thread's share on the calling
+    thread instead, and starts no spells: there only set_crowded does."""
     return 1 if parts > 1 and crowded() else parts
 
 
@@ -331,7 +334,9 @@ def _config() -> dict:
                          if name in AVAILABLE_ISAS and missing_features(name, CPU_FEATURES)},
         },
         "openmp": {"found": has_omp, "version": omp_version,
-                   "default_threads": nthreads if has_omp else 1},
+                   "default_threads": nthreads if has_omp else 1,
+                   "team": ("none" if not has_omp else
+                            "cypool's own" if kernels.team_counts() is not None else "libgomp's")},
         "python": {"version": platform.python_version(),
                    "implementation": platform.python_implementation(),
                    "free_threaded_build": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),

@@ -4,6 +4,7 @@ from cypool._kernels_baseline import __test__ as __test__
 from cypool._kernels_baseline import openmp_info as openmp_info
 from cypool._kernels_baseline import max_threads as max_threads
 from cypool._kernels_baseline import last_team_size as last_team_size
+from cypool._kernels_baseline import team_counts as team_counts
 from cypool._kernels_baseline import set_claiming as set_claiming
 from cypool._kernels_baseline import set_grid as set_grid
 from cypool._kernels_baseline import set_pack_mode as set_pack_mode

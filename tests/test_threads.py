@@ -248,3 +248,35 @@ def test_weight_grads_are_the_same_in_a_crowded_spell(rng):
         for a, b in zip(team, alone):
             if a is not None:
                 np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.thread_unsafe(reason="counts the regions of the module's one team")
+def test_parallel_calls_run_on_cypools_own_team(rng):
+    # gcc builds on Linux run the parallel blocks on cypool's own team
+    # (_team.h): each parallel call opens one region on it, team threads
+    # take part, and a call on one thread opens none.
+    import platform
+    if not openmp_built():
+        pytest.skip("serial build")
+    mod = module_for("max_pool2d_forward")
+    if mod.team_counts() is None:
+        if platform.system() == "Linux" and "gcc" in platform.python_compiler().lower():
+            pytest.fail("a gcc build on Linux runs its parallel blocks on libgomp's team")
+        pytest.skip("the parallel blocks run on libgomp's team in this build")
+    x = rng.standard_normal((8, 64, 56, 56)).astype(np.float32)
+    want = ref.max_pool2d(x, 2, 2, 0, 1)[0]
+    before = mod.team_counts()
+    cypool.max_pool2d(x, 2, num_threads=1)
+    assert mod.team_counts()["regions"] == before["regions"]
+    joined = 0
+    for calls in range(1, 201):
+        _backend.set_crowded(False)
+        np.testing.assert_array_equal(cypool.max_pool2d(x, 2, num_threads=2), want)
+        now = mod.team_counts()
+        assert now["regions"] == before["regions"] + calls
+        # every thread number ran, on a team thread or on the calling thread
+        assert now["joined"] + now["stolen"] == before["joined"] + before["stolen"] + calls
+        joined = now["joined"] - before["joined"]
+        if joined and calls >= 5:
+            break
+    assert joined > 0, "no team thread took part in 200 parallel calls"

@@ -42,8 +42,11 @@ def test_show_config_dicts_say_what_the_text_says(capsys):
     for name, isa in k["capped"].items():
         assert isa == _backend.isa_for(name) != _backend.ISA
     has_omp, version, threads = _backend.kernels.openmp_info()
+    own = _backend.kernels.team_counts() is not None
     assert cfg["openmp"] == {"found": has_omp, "version": version,
-                             "default_threads": threads if has_omp else 1}
+                             "default_threads": threads if has_omp else 1,
+                             "team": ("none" if not has_omp else "cypool's own" if own
+                                      else "libgomp's")}
     assert cfg["python"]["version"] == platform.python_version()
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     assert cfg["python"]["gil_enabled"] is gil

@@ -27,6 +27,8 @@ cdef extern from "_omp_shim.h" nogil:
     void cypool_set_crowded(int on)
     void cypool_set_last_team(int n)
     int cypool_get_last_team()
+    int CYPOOL_OWN_TEAM
+    void cypool_team_counts(uint64_t* c)
 
 # cypool_opaque(p) is p, hidden from the optimiser: a call through it stays
 # a call, to one compiled copy. _maxpool_forward.pxi calls two functions so:
@@ -175,9 +177,11 @@ cdef inline Py_ssize_t _claim(Team* team, Py_ssize_t Q, Py_ssize_t B,
     slowest thread, while claimed blocks go to the threads that run. A
     team thread's first claim tells whether it started late
     (cypool_note_start), and _team_end whether the calling thread waited
-    long for a thread preempted mid-block (cypool_note_end): either
-    starts a crowded spell, in which calls run serial (docs/performance.md,
-    "Inside real programs")."""
+    long for a thread preempted mid-block (cypool_note_end): on libgomp's
+    team either starts a crowded spell, in which calls run serial
+    (docs/performance.md, "Inside real programs"). On cypool's own team
+    (_team.h) a late thread number runs on the calling thread once its
+    blocks are done, and finds none left."""
     cdef Py_ssize_t start
     cdef int t = omp_get_thread_num()
     if end[0] < 0 and t != 0:
@@ -212,9 +216,25 @@ def set_crowded(bint on):
 
 
 def last_team_size():
-    """Threads the calling thread's last kernel call ran on (1 for a serial
-    call). Diagnostic for tests; each Python thread has its own."""
+    """The team size the calling thread's last kernel call was split for (1
+    for a serial call); with cypool's own team (_team.h) the calling thread
+    runs a late team thread's share itself. Diagnostic for tests; each
+    Python thread has its own."""
     return cypool_get_last_team()
+
+
+def team_counts():
+    """Diagnostic: this module's thread team so far, as a dict of regions
+    opened on it, thread numbers its team threads ran, thread numbers the
+    calling thread ran in place of a late team thread, the calling
+    thread's sleeps waiting for team threads at a region's end, and team
+    threads' moves off the calling thread's CPU. None where the parallel
+    blocks run on libgomp's team (_team.h)."""
+    cdef uint64_t[5] c
+    if not CYPOOL_OWN_TEAM:
+        return None
+    cypool_team_counts(&c[0])
+    return {"regions": c[0], "joined": c[1], "stolen": c[2], "slept": c[3], "moved": c[4]}
 
 
 def openmp_info():

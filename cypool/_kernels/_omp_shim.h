@@ -13,6 +13,7 @@ static inline int omp_get_max_threads(void) { return 1; }
 static inline int omp_get_thread_num(void) { return 0; }
 static inline int omp_get_num_threads(void) { return 1; }
 #endif
+#include "_team.h"
 
 /* The kernels' thread teams (_common.pxi, _claim). */
 #include <stdint.h>
@@ -41,13 +42,14 @@ static inline int64_t cypool_now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* A team thread that starts this late after its region opened found its
- * core taken: by another library's threads still spinning (OpenBLAS's for
- * about 0.1 s after a product), by another program, or (on a virtual
- * machine) by a sleeping virtual CPU's wake-up. The region's end waits for
- * it, however little work it takes, so for a spell after such a start the
- * kernels run on the calling thread alone (cypool_crowded;
- * _backend.threads_for). A thread preempted in the middle of its work
+/* Where the parallel blocks run on libgomp's team (builds other than gcc
+ * on Linux: _team.h): a team thread that starts this late after its
+ * region opened found its core taken: by another library's threads still
+ * spinning (OpenBLAS's for about 0.1 s after a product), by another
+ * program, or (on a virtual machine) by a sleeping virtual CPU's wake-up.
+ * libgomp's region end waits for it, however little work it takes, so for
+ * a spell after such a start the kernels run on the calling thread alone
+ * (cypool_crowded; _backend.threads_for). A thread preempted in the middle of its work
  * holds the region's end the same way, and the calling thread's wait there
  * starts a spell too (cypool_note_end). The spell starts at 10 ms and doubles, up to
  * 160 ms, each time a team thread is late again within a spell's length
@@ -63,8 +65,13 @@ static int64_t cypool_crowded_until_ns;
 static int64_t cypool_spell_ns = CYPOOL_SPELL_MIN_NS;
 
 static inline void cypool_note_late(int64_t now) {
-    int64_t until = __atomic_load_n(&cypool_crowded_until_ns, __ATOMIC_RELAXED);
-    int64_t spell = __atomic_load_n(&cypool_spell_ns, __ATOMIC_RELAXED);
+    int64_t until, spell;
+    /* cypool's own team runs a late thread's share on the calling thread,
+     * and a spell measured no faster there (docs/performance.md). */
+    if (CYPOOL_OWN_TEAM)
+        return;
+    until = __atomic_load_n(&cypool_crowded_until_ns, __ATOMIC_RELAXED);
+    spell = __atomic_load_n(&cypool_spell_ns, __ATOMIC_RELAXED);
     if (now - until < spell)
         spell = 2 * spell < CYPOOL_SPELL_MAX_NS ? 2 * spell : CYPOOL_SPELL_MAX_NS;
     else
