@@ -2,7 +2,9 @@
 compiled on its own with gcc -fopenmp: every thread number of a parallel
 block runs once, a held team thread does not hold the block's end, and
 regions from two threads at once or from a forked child come out whole.
-Run plain, under AddressSanitizer and UBSan, and under ThreadSanitizer."""
+Run plain, under AddressSanitizer and UBSan, and under ThreadSanitizer.
+And the condition that makes the team sound for the kernels: their
+modules need nothing else of libgomp."""
 import os
 import platform
 import shutil
@@ -49,3 +51,24 @@ def test_team_runs_every_thread_number_once(tmp_path, sanitizer):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "team: ok (0 bad)" in r.stdout
     assert "WARNING: ThreadSanitizer" not in r.stderr, r.stderr[-3000:]
+
+
+def test_kernel_modules_need_nothing_else_of_libgomp():
+    # The team runs a parallel block's thread numbers as independent
+    # tasks: sound only while no block uses a barrier, a critical section
+    # or a worksharing loop. Those would show as undefined GOMP_ symbols;
+    # GOMP_parallel and the thread number functions are the module's own.
+    from cypool import _backend
+    nm = shutil.which("nm")
+    if nm is None or platform.system() != "Linux":
+        pytest.skip("needs nm on Linux")
+    mods = [m for m in _backend._every_module() if m.team_counts() is not None]
+    if not mods:
+        pytest.skip("the parallel blocks run on libgomp's team in this build")
+    for m in mods:
+        r = subprocess.run([nm, "-D", "--undefined-only", m.__file__], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        needed = {line.split()[-1].split("@")[0] for line in r.stdout.splitlines() if line.strip()}
+        gomp = {s for s in needed if s.startswith("GOMP_")}
+        assert not gomp, f"{m.__name__} needs {sorted(gomp)} from libgomp"
+        assert not needed & {"omp_get_thread_num", "omp_get_num_threads"}, m.__name__
