@@ -44,13 +44,18 @@
 
 #define CYPOOL_HIDDEN __attribute__((visibility("hidden")))
 
-/* How long a team thread spins for the next region before it sleeps, and
- * how long the calling thread spins for team threads still working before
- * it sleeps. A kernel called again within the first keeps its team awake;
- * either sleeps soon enough not to take a CPU from another library's
- * threads for long. */
+/* How long a team thread spins for the next region before it sleeps: a
+ * kernel called again within it finds its team awake, and a team thread
+ * sleeps soon enough not to take a CPU from another library's threads for
+ * long. And how long the calling thread spins for team threads still
+ * working before it sleeps: a team thread's last block of a memory-bound
+ * pass can take 0.1-0.2 ms after the calling thread's, and waking the
+ * calling thread from a sleep costs about as much again on a virtual
+ * machine whose idle CPUs halt (with 50 us, bench_mixed's steady states
+ * of the memory-bound kernels read 16-24% slower than with libgomp's
+ * team; with 2 ms, the same; docs/performance.md). */
 #define CYPOOL_TEAM_SPIN_NS 200000
-#define CYPOOL_TEAM_WAIT_SPIN_NS 50000
+#define CYPOOL_TEAM_WAIT_SPIN_NS 2000000
 /* Thread numbers of a region are 12-bit fields of the region word. */
 #define CYPOOL_TEAM_MAX 4095
 
