@@ -18,9 +18,10 @@
  * however little work is left for it. After another library's threads have
  * run, a team thread can wait a scheduler time slice (4-8 ms) for a CPU, and
  * the call waits with it (docs/performance.md, "Inside real programs"). Here
- * a late team thread's share runs on the calling thread instead: the call
- * costs at most its serial time. The kernels claim their work a block at a
- * time (_common.pxi, _claim), so a late thread number finds none left.
+ * a late team thread's share runs on the calling thread instead; only a
+ * team thread preempted in the middle of its share still holds the call.
+ * The kernels claim their work a block at a time (_common.pxi, _claim), so
+ * a late thread number finds none left.
  *
  * One region runs at a time per module: a call that finds the team busy
  * (another Python thread's call, or a call from inside a region) runs its
@@ -85,8 +86,8 @@ typedef struct {
     int forked;           /* pthread_atfork handler installed */
     /* Counts for diagnostics (cypool_team_counts): regions opened on the
      * team, thread numbers team threads ran, thread numbers the calling
-     * thread ran in a team thread's place, and its sleeps at a region's
-     * end waiting for team threads. */
+     * thread ran in a team thread's place, its sleeps at a region's end
+     * waiting for team threads, and team threads' moves off its CPU. */
     uint64_t opened, joined, stolen, slept, moved;
     int caller_cpu;       /* the CPU the calling thread opened the region on */
 } cypool_team_t;
@@ -112,7 +113,8 @@ static inline void cypool_team_relax(void) {
 #endif
 }
 
-/* A team thread's CPUs as it started: the calling thread's then. */
+/* A team thread's own affinity mask (the one it inherited from the thread
+ * that started it), read at its first move. */
 static __thread cpu_set_t cypool_home;
 static __thread int cypool_home_known = 0;
 
@@ -150,13 +152,19 @@ static void cypool_futex_wake(uint32_t* word, int n) {
     syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
 
-/* Run thread number t of n of the open region. */
-static void cypool_team_run(unsigned t, unsigned n) {
+/* Run thread number t of n of fn(data) on this thread. */
+static void cypool_team_run_as(void (*fn)(void*), void* data, unsigned t, unsigned n) {
+    unsigned was_t = cypool_thread_num, was_n = cypool_num_threads;
     cypool_thread_num = t;
     cypool_num_threads = n;
-    cypool_team.fn(cypool_team.data);
-    cypool_thread_num = 0;
-    cypool_num_threads = 1;
+    fn(data);
+    cypool_thread_num = was_t;
+    cypool_num_threads = was_n;
+}
+
+/* Run thread number t of n of the open region. */
+static void cypool_team_run(unsigned t, unsigned n) {
+    cypool_team_run_as(cypool_team.fn, cypool_team.data, t, n);
 }
 
 /* A team thread: take thread numbers of the open region while there are
@@ -272,31 +280,24 @@ static void cypool_team_wait(void) {
 CYPOOL_HIDDEN void GOMP_parallel(void (*fn)(void*), void* data, unsigned n, unsigned flags) {
     cypool_team_t* T = &cypool_team;
     unsigned t;
+    int alone;
     (void)flags;
     if (n == 0)
         n = (unsigned)omp_get_max_threads();
     if (n > CYPOOL_TEAM_MAX)
         n = CYPOOL_TEAM_MAX;
-    if (n <= 1 || __atomic_exchange_n(&T->busy, 1, __ATOMIC_ACQUIRE)) {
-        /* Serial: this thread runs every thread number. */
-        for (t = 0; t < n || t == 0; t++) {
-            cypool_thread_num = t;
-            cypool_num_threads = n ? n : 1;
-            fn(data);
-        }
-        cypool_thread_num = 0;
-        cypool_num_threads = 1;
-        return;
-    }
-    if (cypool_team_grow((int)n - 1) < 1) {
+    if (n < 1)
+        n = 1;
+    alone = n == 1 || __atomic_exchange_n(&T->busy, 1, __ATOMIC_ACQUIRE);
+    if (!alone && cypool_team_grow((int)n - 1) < 1) {
         __atomic_store_n(&T->busy, 0, __ATOMIC_RELEASE);
-        for (t = 0; t < n; t++) {
-            cypool_thread_num = t;
-            cypool_num_threads = n;
-            fn(data);
-        }
-        cypool_thread_num = 0;
-        cypool_num_threads = 1;
+        alone = 1;
+    }
+    if (alone) {
+        /* One thread, a busy team, or no team thread to be had: this
+         * thread runs every thread number in turn. */
+        for (t = 0; t < n; t++)
+            cypool_team_run_as(fn, data, t, n);
         return;
     }
     T->fn = fn;
