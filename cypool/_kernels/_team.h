@@ -113,6 +113,21 @@ static inline void cypool_team_relax(void) {
 #endif
 }
 
+/* One turn of a spin-wait that may last limit_ns: whether it has lasted
+ * that long (the clock is read every 64th turn; *until starts at 0). */
+static int cypool_spin_over(int64_t* until, unsigned* spins, int64_t limit_ns) {
+    int64_t now;
+    cypool_team_relax();
+    if (++*spins % 64)
+        return 0;
+    now = cypool_team_now();
+    if (*until == 0) {
+        *until = now + limit_ns;
+        return 0;
+    }
+    return now > *until;
+}
+
 /* A team thread's own affinity mask (the one it inherited from the thread
  * that started it), read at its first move. */
 static __thread cpu_set_t cypool_home;
@@ -199,13 +214,7 @@ static void* cypool_team_thread(void* arg) {
         int64_t until = 0;
         unsigned spins = 0;
         while (__atomic_load_n(&T->wake, __ATOMIC_ACQUIRE) == seen) {
-            cypool_team_relax();
-            if (++spins % 64)
-                continue;
-            int64_t now = cypool_team_now();
-            if (until == 0) {
-                until = now + CYPOOL_TEAM_SPIN_NS;
-            } else if (now > until) {
+            if (cypool_spin_over(&until, &spins, CYPOOL_TEAM_SPIN_NS)) {
                 __atomic_add_fetch(&T->sleepers, 1, __ATOMIC_SEQ_CST);
                 if (__atomic_load_n(&T->wake, __ATOMIC_SEQ_CST) == seen)
                     cypool_futex_wait(&T->wake, seen);
@@ -259,13 +268,7 @@ static void cypool_team_wait(void) {
     int64_t until = 0;
     unsigned spins = 0;
     while (CYPOOL_FIELD(__atomic_load_n(&T->region, __ATOMIC_ACQUIRE), 12) != 0) {
-        cypool_team_relax();
-        if (++spins % 64)
-            continue;
-        int64_t now = cypool_team_now();
-        if (until == 0) {
-            until = now + CYPOOL_TEAM_WAIT_SPIN_NS;
-        } else if (now > until) {
+        if (cypool_spin_over(&until, &spins, CYPOOL_TEAM_WAIT_SPIN_NS)) {
             uint32_t done = __atomic_load_n(&T->done, __ATOMIC_SEQ_CST);
             __atomic_store_n(&T->caller_waits, 1, __ATOMIC_SEQ_CST);
             if (CYPOOL_FIELD(__atomic_load_n(&T->region, __ATOMIC_SEQ_CST), 12) != 0) {
