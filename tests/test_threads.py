@@ -1,5 +1,6 @@
 """Thread control: num_threads, OMP defaults, threadpoolctl, and calls from
 several Python threads at once."""
+import platform
 import threading
 
 import numpy as np
@@ -255,7 +256,6 @@ def test_parallel_calls_run_on_cypools_own_team(rng):
     # gcc builds on Linux run the parallel blocks on cypool's own team
     # (_team.h): each parallel call opens one region on it, team threads
     # take part, and a call on one thread opens none.
-    import platform
     if not openmp_built():
         pytest.skip("serial build")
     mod = module_for("max_pool2d_forward")
