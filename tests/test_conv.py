@@ -178,6 +178,81 @@ def test_forward_reads_taps_in_place_or_from_a_copy(rng, trial):
             m.set_grid(1)
 
 
+@pytest.mark.thread_unsafe(reason="set_ovec switches the forward's path for every thread")
+@pytest.mark.parametrize("trial", range(16))
+def test_forward_with_output_channels_in_the_lanes(rng, trial):
+    # The forward puts output positions in the vector lanes (the virtual
+    # output or the grid) or output channels (_conv_ovec.h); a cost rule
+    # picks one, so both are forced here, on calls that do not take the
+    # direct kernels: output channels that fill whole vectors of every build
+    # or do not, column strides 1 and 2 (3 falls back), 1-3 images cut into
+    # row chunks on 2 or 3 threads or whole images on one, views, and a
+    # stride-1 input gradient (the same forward, transposed). Then the same
+    # call into a poisoned out=, and an image with NaN and +-inf: the same
+    # sums in the same order both ways, so the same bits.
+    from cypool._backend import kernels, load_variant, RUNNABLE_ISAS
+    from cypool._conv_engine import plan
+    while True:
+        xs, ws, geo, pad = random_case(rng, big=True)
+        O = [8, 16, 32, 48, 64, 5 + int(rng.integers(0, 30))][trial % 6]
+        ws = (O,) + ws[1:]
+        xs = (1 + trial % 3,) + xs[1:]
+        if not plan(xs, ws, **geo).direct and min(xs[2:]) > 2:
+            break
+    mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
+    dtype = [np.float32, np.float64][trial % 2]
+    nt = 1 + trial % 3
+    x = rng.standard_normal(xs).astype(dtype)
+    x.flat[rng.integers(0, x.size, size=3)] = [np.nan, np.inf, -np.inf]
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(O).astype(dtype)
+    want = ref.conv2d(x.astype(np.float64), w, b, geo["stride"], pad, geo["dilation"])
+    got = {}
+    try:
+        for mode in (0, 2):
+            for m in mods:
+                m.set_ovec(mode)
+            check_against_reference(rng, xs, ws, geo, pad, dtype, batched=True,
+                                    with_bias=trial % 4 != 0, view=trial % 5 == 0,
+                                    num_threads=nt)
+            out = np.full(want.shape, np.nan, dtype)
+            cypool.conv2d(x, w, b, **geo, out=out, num_threads=nt)
+            if mode == 2 and geo["stride"][1] <= 2:
+                assert kernels.last_forward_path() == "ovec"
+            np.testing.assert_allclose(out, want, equal_nan=True, **tol(dtype))
+            got[mode] = out
+        np.testing.assert_array_equal(got[0], got[2])
+    finally:
+        for m in mods:
+            m.set_ovec(1)
+
+
+@pytest.mark.thread_unsafe(reason="reads the kernels' record of the last forward's path")
+@pytest.mark.parametrize("shape, O, k, stride, padding, path", [
+    ((64, 6, 14, 14), 16, 5, 1, 0, "ovec"),    # LeNet's second convolution
+    ((4, 16, 13, 13), 32, 4, 2, 0, "ovec"),    # a small verification network's strided layer
+    ((3, 32, 6, 6), 64, 3, 1, 1, "ovec"),
+    ((8, 8, 28, 28), 8, 3, 1, 1, "virtual"),   # 2 columns of 30 dropped
+    ((4, 6, 14, 14), 12, 5, 1, 0, "virtual"),  # channels that fill no whole vector
+])
+def test_forward_takes_output_channels_in_the_lanes_where_it_pays(rng, shape, O, k, stride,
+                                                                   padding, path):
+    # The rule (_takes_ovec): rows that drop a quarter or more of the
+    # virtual output's columns and channels that fill pairs of vectors in
+    # every build take it; few dropped columns or partly filled vectors do
+    # not. Against the reference, and forward and input gradient alike.
+    from cypool import _backend
+    if not _backend.kernels.OVEC_TILES:
+        pytest.skip("a build without gcc's vector types never takes it")
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((O, shape[1], k, k)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    want = ref.conv2d(x, w, b, (stride, stride), ((padding,) * 2,) * 2, (1, 1))
+    out = cypool.conv2d(x, w, b, stride, padding)
+    assert _backend.kernels.last_forward_path() == path
+    np.testing.assert_allclose(out, want, **tol(np.float32))
+
+
 @pytest.mark.parametrize("stride, padding", [(1, 1), (2, 1), (1, 0)])
 def test_batches_claimed_by_whole_images(rng, stride, padding):
     # Four images a thread or more: threads claim whole images, several at

@@ -21,7 +21,10 @@
 # block of real positions is gathered from its rows into a packed block
 # (cypool_vc_grid), and work items are chunks of the OH * OW real
 # positions. An unpadded stride-1 convolution of C-contiguous images reads
-# them in place (the buffer would be a copy).
+# them in place (the buffer would be a copy). With few output channels and
+# short rows the forward puts output channels in the vector lanes instead
+# (_conv_ovec.h): it computes the real positions only, from the image
+# padded but not split into phases, one row of outputs at a time.
 #
 # The input gradient of a stride-1 convolution is this forward run on the
 # output gradient padded by the kernel's reach, with the kernel flipped and
@@ -193,6 +196,8 @@ cdef struct ConvJob:
     Py_ssize_t OH, OW
     Py_ssize_t L, G, ce       # output length (virtual, or OH * OW with grid); chunks of it per image, chunk length
     bint grid                 # the real positions only (cypool_vc_grid), else the virtual output
+    bint ovec                 # output channels in the lanes (_conv_ovec.h): p unsplit, items are (image, G rows of ce)
+    Py_ssize_t ovs_h, ovs_w   # with ovec: the stride
     bint in_place             # the phase buffer would be the image itself: read x in place
     Py_ssize_t in_place_spill # read in place, images before this one have the next image after them
     const Py_ssize_t* off     # tap offsets in the phase buffer
@@ -234,6 +239,58 @@ def set_pack_mode(int mode):
     _pack_mode = mode
 
 
+# Whether the forward puts output channels in the vector lanes (_conv_ovec.h):
+# 1 where that pays (_takes_ovec), the default; 0 never; 2 wherever it can
+# (column stride 1 or 2).
+cdef int _ovec_mode = 1
+
+
+def set_ovec(int mode):
+    """Diagnostic for the tests and A/B runs: the forward puts output
+    channels in the vector lanes where that pays (1, the default), never (0)
+    or wherever the column stride is 1 or 2 (2). Not thread-safe; not for
+    use."""
+    global _ovec_mode
+    _ovec_mode = mode
+
+
+# Whether the tiles of _conv_ovec.h are register tiles (gcc and clang),
+# else plain loops that the rule never takes.
+OVEC_TILES = bool(CYPOOL_OV_FAST)
+
+# What the last conv2d_forward computed: 0 the virtual output, 1 the grid's
+# real positions, 2 output channels in the lanes (last_forward_path).
+cdef int _last_path = 0
+
+
+def last_forward_path():
+    """Diagnostic for the tests: how the last forward or stride-1 input
+    gradient pass ran ("virtual", "grid" or "ovec"), in any thread. Not
+    for use."""
+    return ("virtual", "grid", "ovec")[_last_path]
+
+
+cdef inline bint _takes_ovec(Py_ssize_t O, Py_ssize_t OW, Py_ssize_t Wq, Py_ssize_t sw,
+                             Py_ssize_t L) noexcept nogil:
+    """Whether a forward with O output channels, rows of OW outputs (Wq in
+    its phase planes) and column stride sw puts output channels in the
+    vector lanes (L of them)."""
+    if sw > 2 or _ovec_mode == 0:
+        return False
+    if _ovec_mode == 2:
+        return True
+    # Measured both ways on the AVX-512 host (docs/performance.md): with 32
+    # registers it won wherever the virtual output drops a tenth of its
+    # columns or more and the channels fill whole vectors (0.56-0.93x the
+    # time), and lost with half-empty vectors (8 channels of 16: 2.1x);
+    # with 16 registers (the AVX2 and SSE2 builds) its tiles are narrower,
+    # and it won where a quarter or more is dropped and the channels fill
+    # pairs of vectors (0.60-0.84x), tied at a fifth (1.02x).
+    if CYPOOL_VC_VBYTES == 64:
+        return CYPOOL_OV_FAST and O % L == 0 and (Wq - OW) * 10 >= Wq
+    return CYPOOL_OV_FAST and O % (2 * L) == 0 and (Wq - OW) * 4 >= Wq
+
+
 cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
                      Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
                      Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t grid_unit) noexcept nogil:
@@ -257,6 +314,7 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
         _grid_mode == 2 or (_grid_mode == 1 and O >= 64
                             and (OW % grid_unit == 0 or OW >= 3 * grid_unit)
                             and (j.p.Wq - OW) * O >= 8 * j.p.Wq))
+    j.ovec = False
     j.L = OH * OW if j.grid else (OH - 1) * j.p.Wq + OW
     j.G = (j.L + ce - 1) // ce
     j.off = off
@@ -269,6 +327,33 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
 
 cdef inline void _job_free(ConvJob* j) noexcept nogil:
     free(<void*>j.off)
+
+
+cdef extern from "_conv_ovec.h" nogil:
+    int CYPOOL_OV_FAST
+    int CYPOOL_VC_VBYTES
+    void cypool_ov_rows_f32(const float* img, const Py_ssize_t* off, Py_ssize_t K,
+                            const float* w, Py_ssize_t Op, Py_ssize_t O, Py_ssize_t oy0,
+                            Py_ssize_t oy1, Py_ssize_t OW, Py_ssize_t rstep, Py_ssize_t sw,
+                            const float* bias, float* s, float* out, Py_ssize_t so_c,
+                            Py_ssize_t so_h, Py_ssize_t so_w)
+    void cypool_ov_rows_f64(const double* img, const Py_ssize_t* off, Py_ssize_t K,
+                            const double* w, Py_ssize_t Op, Py_ssize_t O, Py_ssize_t oy0,
+                            Py_ssize_t oy1, Py_ssize_t OW, Py_ssize_t rstep, Py_ssize_t sw,
+                            const double* bias, double* s, double* out, Py_ssize_t so_c,
+                            Py_ssize_t so_h, Py_ssize_t so_w)
+
+
+cdef inline void _ov_rows(const floating* img, const ConvJob* j, const floating* w,
+                          Py_ssize_t oy0, Py_ssize_t oy1, const floating* bias, floating* s,
+                          floating* out, Py_ssize_t so_c, Py_ssize_t so_h,
+                          Py_ssize_t so_w) noexcept nogil:
+    if floating is float:
+        cypool_ov_rows_f32(img, j.off, j.K, w, j.Op, j.O, oy0, oy1, j.OW,
+                           j.ovs_h * j.p.Wq, j.ovs_w, bias, s, out, so_c, so_h, so_w)
+    else:
+        cypool_ov_rows_f64(img, j.off, j.K, w, j.Op, j.O, oy0, oy1, j.OW,
+                           j.ovs_h * j.p.Wq, j.ovs_w, bias, s, out, so_c, so_h, so_w)
 
 
 cdef inline void _copy_out(const floating* tmp, const ConvJob* j, floating[:, :, :, :] out,
@@ -315,7 +400,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
     cdef Py_ssize_t vt = eb // 6 if CYPOOL_VC_HALF_TAIL else eb // 3
     cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
-    cdef floating* tmp = <floating*>malloc(j.Op * j.ce * sizeof(floating))
+    cdef floating* tmp = <floating*>malloc(j.Op * (j.OW if j.ovec else j.ce) * sizeof(floating))
     cdef const floating** xs = <const floating**>malloc(j.K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(j.Op * sizeof(void*))
     cdef const floating** pp = _pack_new(j.K, <floating*>NULL)
@@ -337,7 +422,12 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                 cur = n
             e_lo = (q % j.G) * j.ce
             ne = min(j.ce, j.L - e_lo)
-            if j.grid:
+            if j.ovec:
+                # Rows e_lo .. e_lo + ne - 1 of the output.
+                _ov_rows(img, j, wt, e_lo, e_lo + ne, bias, tmp, &out[n, 0, 0, 0],
+                         out.strides[1] // <Py_ssize_t>sizeof(floating),
+                         out.strides[2] // <Py_ssize_t>sizeof(floating), so)
+            elif j.grid:
                 for t in range(j.K):
                     xs[t] = img + j.off[t]
                 _vc_grid(j.K, xs, wt, j.Op, e_lo, ne, j.OW, Wq, j.O, outs, pack, pp)
@@ -380,6 +470,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     axes swapped. ce: chunk of the output positions (of the virtual output,
     which is longer than the real positions the grid way computes). One
     thread runs without an OpenMP region."""
+    global _last_path
     cdef ConvJob j
     cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw, Q, B
     cdef Py_ssize_t O = out.shape[1], Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
@@ -388,12 +479,30 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
-    _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
-    failed[0] = _job(&j, K, O, Op, out.shape[2], out.shape[3], ce, kh, kw, dh, dw,
-                     32 // sizeof(floating))
-    # An unpadded stride-1 convolution of C-contiguous images: the phase
-    # buffer would be a copy of each image, so the taps read x in place.
-    j.in_place = (uh == 1 and uw == 1 and sh == 1 and sw == 1 and plh == 0 and plw == 0
+    cdef Py_ssize_t N = x.shape[0], OH = out.shape[2], L = CYPOOL_VC_VBYTES // sizeof(floating), g
+    if _takes_ovec(O, out.shape[3], (Wp + sw - 1) // sw, sw, L):
+        # Output channels in the lanes: the image padded, not split into
+        # phases; work items are (image, chunk of output rows), whole
+        # images where there are four a thread or more.
+        Op = (O + L - 1) // L * L
+        _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, 1, 1)
+        failed[0] = _job(&j, K, O, Op, OH, out.shape[3], OH, kh, kw, dh, dw, 0)
+        j.ovec = True
+        j.ovs_h = sh
+        j.ovs_w = sw
+        if N < 4 * num_threads:
+            g = min(OH, (4 * num_threads + N - 1) // N)  # chunks an image
+            j.ce = (OH + g - 1) // g
+        j.L = OH
+        j.G = (OH + j.ce - 1) // j.ce
+    else:
+        _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
+        failed[0] = _job(&j, K, O, Op, OH, out.shape[3], ce, kh, kw, dh, dw,
+                         32 // sizeof(floating))
+    # An unpadded stride-1 convolution of C-contiguous images (or any with
+    # output channels in the lanes): the phase buffer would be a copy of
+    # each image, so the taps read x in place.
+    j.in_place = (uh == 1 and uw == 1 and j.p.sh == 1 and j.p.sw == 1 and plh == 0 and plw == 0
                 and Hp == x.shape[2] and Wp == x.shape[3]
                 and x.strides[3] == sizeof(floating) and x.strides[2] == x.shape[3] * sizeof(floating)
                 and x.strides[1] == x.shape[2] * x.shape[3] * sizeof(floating))
@@ -403,6 +512,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     wt = _tap_major(<const char*>&w[0, 0, 0, 0], &w.shape[0], &w.strides[0], transposed, Op,
                     <floating*>NULL)
     Q = x.shape[0] * j.G
+    _last_path = 2 if j.ovec else 1 if j.grid else 0
     # Claims of whole images where there are four or more a thread (about
     # eight claims a thread): a thread then fills an image's phase buffer
     # once for all its chunks. Claimed one chunk at a time, the threads
