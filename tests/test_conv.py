@@ -227,7 +227,6 @@ def test_forward_with_output_channels_in_the_lanes(rng, trial):
             m.set_ovec(1)
 
 
-@pytest.mark.thread_unsafe(reason="reads the kernels' record of the last forward's path")
 @pytest.mark.parametrize("shape, O, k, stride, padding, path", [
     ((64, 6, 14, 14), 16, 5, 1, 0, "ovec"),    # LeNet's second convolution
     ((4, 16, 13, 13), 32, 4, 2, 0, "ovec"),    # a small verification network's strided layer

@@ -258,16 +258,11 @@ def set_ovec(int mode):
 # else plain loops that the rule never takes.
 OVEC_TILES = bool(CYPOOL_OV_FAST)
 
-# What the last conv2d_forward computed: 0 the virtual output, 1 the grid's
-# real positions, 2 output channels in the lanes (last_forward_path).
-cdef int _last_path = 0
-
-
 def last_forward_path():
-    """Diagnostic for the tests: how the last forward or stride-1 input
-    gradient pass ran ("virtual", "grid" or "ovec"), in any thread. Not
-    for use."""
-    return ("virtual", "grid", "ovec")[_last_path]
+    """Diagnostic for the tests: how the calling thread's last forward or
+    stride-1 input gradient pass through the phase buffers ran ("virtual",
+    "grid" or "ovec"); each Python thread has its own."""
+    return ("virtual", "grid", "ovec")[cypool_conv_get_path()]
 
 
 cdef inline bint _takes_ovec(Py_ssize_t O, Py_ssize_t OW, Py_ssize_t Wq, Py_ssize_t sw,
@@ -332,6 +327,8 @@ cdef inline void _job_free(ConvJob* j) noexcept nogil:
 cdef extern from "_conv_ovec.h" nogil:
     int CYPOOL_OV_FAST
     int CYPOOL_VC_VBYTES
+    void cypool_conv_set_path(int p)
+    int cypool_conv_get_path()
     void cypool_ov_rows_f32(const float* img, const Py_ssize_t* off, Py_ssize_t K,
                             const float* w, Py_ssize_t Op, Py_ssize_t O, Py_ssize_t oy0,
                             Py_ssize_t oy1, Py_ssize_t OW, Py_ssize_t rstep, Py_ssize_t sw,
@@ -470,7 +467,6 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     axes swapped. ce: chunk of the output positions (of the virtual output,
     which is longer than the real positions the grid way computes). One
     thread runs without an OpenMP region."""
-    global _last_path
     cdef ConvJob j
     cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw, Q, B
     cdef Py_ssize_t O = out.shape[1], Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
@@ -512,7 +508,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     wt = _tap_major(<const char*>&w[0, 0, 0, 0], &w.shape[0], &w.strides[0], transposed, Op,
                     <floating*>NULL)
     Q = x.shape[0] * j.G
-    _last_path = 2 if j.ovec else 1 if j.grid else 0
+    cypool_conv_set_path(2 if j.ovec else 1 if j.grid else 0)
     # Claims of whole images where there are four or more a thread (about
     # eight claims a thread): a thread then fills an image's phase buffer
     # once for all its chunks. Claimed one chunk at a time, the threads
