@@ -275,14 +275,17 @@ cdef inline bint _takes_ovec(Py_ssize_t O, Py_ssize_t OW, Py_ssize_t Wq, Py_ssiz
     if _ovec_mode == 2:
         return True
     # Measured both ways on the AVX-512 host (docs/performance.md): with 32
-    # registers it won wherever the virtual output drops a tenth of its
-    # columns or more and the channels fill whole vectors (0.56-0.93x the
-    # time), and lost with half-empty vectors (8 channels of 16: 2.1x);
-    # with 16 registers (the AVX2 and SSE2 builds) its tiles are narrower,
-    # and it won where a quarter or more is dropped and the channels fill
-    # pairs of vectors (0.60-0.84x), tied at a fifth (1.02x).
+    # registers, where the channels fill whole vectors, it won wherever the
+    # virtual output drops a tenth of its columns or more (0.56-0.93x the
+    # time) and on rows of 16 outputs or fewer without such a loss (the 1x1
+    # convolution of 14 x 14 planes, a stride-2 layer's 16 of 17: 0.83-1.00x),
+    # tied or lost on longer rows (0.97-1.20x), and lost with half-empty
+    # vectors (8 channels of 16: 1.7-2.1x). With 16 registers (the AVX2 and
+    # SSE2 builds) its tiles are narrower, and it won where a quarter or
+    # more is dropped and the channels fill pairs of vectors (0.60-0.84x),
+    # tied at a fifth (1.02x).
     if CYPOOL_VC_VBYTES == 64:
-        return CYPOOL_OV_FAST and O % L == 0 and (Wq - OW) * 10 >= Wq
+        return CYPOOL_OV_FAST and O % L == 0 and ((Wq - OW) * 10 >= Wq or OW <= 16)
     return CYPOOL_OV_FAST and O % (2 * L) == 0 and (Wq - OW) * 4 >= Wq
 
 
