@@ -327,6 +327,52 @@ def test_crossover_rules(E, stride, O, forward, backward):
     assert vc.backward_by_conv(E, stride, stride) is backward
 
 
+@pytest.mark.parametrize("E,sw,rows", [(1, 1, False), (2, 1, True), (8, 1, True), (16, 1, True),
+                                        (17, 1, False), (8, 2, False), (4, 3, False)])
+def test_forward_by_rows_rule(E, sw, rows):
+    assert vc.forward_by_rows(E, sw) is rows
+
+
+@pytest.mark.thread_unsafe(reason="monkeypatches the engine's forward rule")
+@pytest.mark.parametrize("trial", range(12))
+def test_forward_by_flattened_rows(rng, monkeypatch, trial):
+    # At column stride 1 and 2 <= E <= 16 the forward is one standard
+    # convolution of the rows flattened to W * E values (flat_plan): against
+    # the reference, with row strides, padding, dilation, NaN and +-inf, a
+    # non-contiguous x, batched or not, on 1-3 threads, and against the
+    # component images' way, which runs the same sums: the same bits.
+    E = int(rng.integers(2, 17))
+    kh, kw = (int(v) for v in rng.integers(1, 5, size=2))
+    geo = dict(stride=(1 + trial % 2, 1), padding=(int(rng.integers(0, 3)), int(rng.integers(0, 3))),
+               dilation=(1 + trial % 3 // 2, 1 + trial % 2))
+    H = int(rng.integers(geo["dilation"][0] * (kh - 1) + 1, 16))
+    W = int(rng.integers(geo["dilation"][1] * (kw - 1) + 1, 16))
+    N, C, O = 1 + trial % 3, int(rng.integers(1, 6)), int(rng.integers(1, 40))
+    dtype = [np.float32, np.float64][trial % 2]
+    x = rng.standard_normal((N, C, H, W, E)).astype(dtype)
+    x.flat[rng.integers(0, x.size, size=3)] = [np.nan, np.inf, -np.inf]
+    w = rng.standard_normal((O, C, kh, kw)).astype(dtype)
+    b = rng.standard_normal(O).astype(dtype) if trial % 4 else None
+    xin = np.ascontiguousarray(x[:, :, ::-1])[:, :, ::-1] if trial % 3 == 0 else x
+    nt = 1 + trial % 3
+    assert vc.forward_by_rows(E, 1)
+    out = cypool.vector_conv2d(xin if N > 1 else xin[0], w, b, **geo, num_threads=nt)
+    with np.errstate(invalid="ignore"):  # inf - inf in the reference's sums
+        want = ref.vector_conv2d(x.astype(np.float64), w.astype(np.float64),
+                                 None if b is None else b.astype(np.float64), geo["stride"],
+                                 geo["padding"], geo["dilation"])
+    np.testing.assert_allclose(out, want if N > 1 else want[0], equal_nan=True, **tol(dtype))
+    monkeypatch.setattr(vc, "forward_by_rows", lambda E, sw: False)
+    monkeypatch.setattr(vc, "forward_by_conv", lambda E, sh, sw, O: True)
+    vc.forget()
+    try:
+        by_images = cypool.vector_conv2d(xin if N > 1 else xin[0], w, b, **geo, num_threads=nt)
+    finally:
+        monkeypatch.undo()
+        vc.forget()
+    np.testing.assert_array_equal(out, by_images)
+
+
 @pytest.mark.parametrize("O", [2, 6])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_e16_both_ways(rng, O, stride):
