@@ -331,16 +331,19 @@ def test_crossover_rules(E, stride, O, forward, backward):
                                         (17, 1, False), (8, 2, False), (4, 3, False)])
 def test_forward_by_rows_rule(E, sw, rows):
     assert vc.forward_by_rows(E, sw) is rows
+    assert vc.backward_by_rows(E, sw) is (sw == 1 and E > 1)
 
 
 @pytest.mark.thread_unsafe(reason="monkeypatches the engine's forward rule")
 @pytest.mark.parametrize("trial", range(12))
 def test_forward_by_flattened_rows(rng, monkeypatch, trial):
-    # At column stride 1 and 2 <= E <= 16 the forward is one standard
-    # convolution of the rows flattened to W * E values (flat_plan): against
+    # At column stride 1 and 2 <= E <= 16 the forward, and the backward, are
+    # standard convolutions of the rows flattened to W * E values
+    # (flat_plan): against
     # the reference, with row strides, padding, dilation, NaN and +-inf, a
     # non-contiguous x, batched or not, on 1-3 threads, and against the
-    # component images' way, which runs the same sums: the same bits.
+    # component images' way, which runs the same sums in the forward and the
+    # input gradient: the same bits.
     E = int(rng.integers(2, 17))
     kh, kw = (int(v) for v in rng.integers(1, 5, size=2))
     geo = dict(stride=(1 + trial % 2, 1), padding=(int(rng.integers(0, 3)), int(rng.integers(0, 3))),
@@ -362,15 +365,30 @@ def test_forward_by_flattened_rows(rng, monkeypatch, trial):
                                  None if b is None else b.astype(np.float64), geo["stride"],
                                  geo["padding"], geo["dilation"])
     np.testing.assert_allclose(out, want if N > 1 else want[0], equal_nan=True, **tol(dtype))
+    # The backward (E <= 16 takes conv2d's kernels: backward_by_conv), on
+    # finite values.
+    xf = np.nan_to_num(xin, posinf=3.0, neginf=-3.0)
+    g = rng.standard_normal(want.shape).astype(dtype)
+    got = cypool.vector_conv2d_backward(g if N > 1 else g[0], xf if N > 1 else xf[0], w, **geo,
+                                        num_threads=nt)
+    rg = ref.vector_conv2d_backward(g.astype(np.float64), xf.astype(np.float64),
+                                    w.astype(np.float64), geo["stride"], geo["padding"],
+                                    geo["dilation"])
+    for a, r in zip(got, (rg[0] if N > 1 else rg[0][0], rg[1], rg[2])):
+        np.testing.assert_allclose(a, r, **tol(dtype))
     monkeypatch.setattr(vc, "forward_by_rows", lambda E, sw: False)
+    monkeypatch.setattr(vc, "backward_by_rows", lambda E, sw: False)
     monkeypatch.setattr(vc, "forward_by_conv", lambda E, sh, sw, O: True)
     vc.forget()
     try:
         by_images = cypool.vector_conv2d(xin if N > 1 else xin[0], w, b, **geo, num_threads=nt)
+        gx_images = cypool.vector_conv2d_backward(g if N > 1 else g[0], xf if N > 1 else xf[0],
+                                                  w, **geo, num_threads=nt)[0]
     finally:
         monkeypatch.undo()
         vc.forget()
     np.testing.assert_array_equal(out, by_images)
+    np.testing.assert_array_equal(got[0], gx_images)
 
 
 @pytest.mark.parametrize("O", [2, 6])
