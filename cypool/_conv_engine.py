@@ -469,8 +469,10 @@ def _rows_backward(g5, x5, weight, p: Plan, batched, needs_input_grad, needs_wei
     whole batch at once: against the component images 0.60-0.80x the time
     at E = 4 to 32 on the (16, 32, 32, E) row and 0.47-0.68x on the
     (1, 28, 28, E) layer, a tie at E = 2. The input gradient runs the
-    same sums as the component images' (the same bits); the weight
-    gradient sums the positions in another grouping."""
+    same sums as the component images' (the same bits with gcc 12; where
+    one way takes the direct kernels and the other the phase tiles, a
+    newer gcc contracts them differently); the weight gradient sums the
+    positions in another grouping."""
     N, C, H, W, E = x5.shape
     O, OH, OW = g5.shape[1:4]
     gf = g5.reshape(N, O, OH, OW * E)

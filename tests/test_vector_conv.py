@@ -342,8 +342,8 @@ def test_forward_by_flattened_rows(rng, monkeypatch, trial):
     # (flat_plan): against
     # the reference, with row strides, padding, dilation, NaN and +-inf, a
     # non-contiguous x, batched or not, on 1-3 threads, and against the
-    # component images' way, which runs the same sums in the forward and the
-    # input gradient: the same bits.
+    # component images' way, which runs the same sums: the same bits in the
+    # forward, and the input gradient equal to rounding.
     E = int(rng.integers(2, 17))
     kh, kw = (int(v) for v in rng.integers(1, 5, size=2))
     geo = dict(stride=(1 + trial % 2, 1), padding=(int(rng.integers(0, 3)), int(rng.integers(0, 3))),
@@ -388,7 +388,12 @@ def test_forward_by_flattened_rows(rng, monkeypatch, trial):
         monkeypatch.undo()
         vc.forget()
     np.testing.assert_array_equal(out, by_images)
-    np.testing.assert_array_equal(got[0], gx_images)
+    # The input gradient's sums are the component images' too, but a small
+    # call may take the direct kernels one way and the phase tiles the
+    # other, whose contractions into multiply-adds a newer gcc (Debian's,
+    # tools/newer_python.sh) orders differently: equal to rounding.
+    np.testing.assert_allclose(got[0], gx_images, rtol=1e-12 if dtype == np.float64 else 1e-5,
+                               atol=1e-12 if dtype == np.float64 else 1e-5)
 
 
 @pytest.mark.parametrize("O", [2, 6])
