@@ -239,7 +239,7 @@ def test_forward_takes_output_channels_in_the_lanes_where_it_pays(rng, shape, O,
     # The rule (_takes_ovec): rows that drop a quarter or more of the
     # virtual output's columns and channels that fill pairs of vectors in
     # every build take it; few dropped columns or partly filled vectors do
-    # not. Against the reference, and forward and input gradient alike.
+    # not. Against the reference.
     from cypool import _backend
     if not _backend.kernels.OVEC_TILES:
         pytest.skip("a build without gcc's vector types never takes it")

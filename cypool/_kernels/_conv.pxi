@@ -258,6 +258,7 @@ def set_ovec(int mode):
 # else plain loops that the rule never takes.
 OVEC_TILES = bool(CYPOOL_OV_FAST)
 
+
 def last_forward_path():
     """Diagnostic for the tests: how the calling thread's last forward or
     stride-1 input gradient pass through the phase buffers ran ("virtual",
