@@ -331,8 +331,6 @@ cdef inline void _job_free(ConvJob* j) noexcept nogil:
 cdef extern from "_conv_ovec.h" nogil:
     int CYPOOL_OV_FAST
     int CYPOOL_VC_VBYTES
-    void cypool_conv_set_path(int p)
-    int cypool_conv_get_path()
     void cypool_ov_rows_f32(const float* img, const Py_ssize_t* off, Py_ssize_t K,
                             const float* w, Py_ssize_t Op, Py_ssize_t O, Py_ssize_t oy0,
                             Py_ssize_t oy1, Py_ssize_t OW, Py_ssize_t rstep, Py_ssize_t sw,
@@ -343,6 +341,11 @@ cdef extern from "_conv_ovec.h" nogil:
                             Py_ssize_t oy1, Py_ssize_t OW, Py_ssize_t rstep, Py_ssize_t sw,
                             const double* bias, double* s, double* out, Py_ssize_t so_c,
                             Py_ssize_t so_h, Py_ssize_t so_w)
+
+
+cdef extern from "_omp_shim.h" nogil:
+    void cypool_conv_set_path(int p)
+    int cypool_conv_get_path()
 
 
 cdef inline void _ov_rows(const floating* img, const ConvJob* j, const floating* w,

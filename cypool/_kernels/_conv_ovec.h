@@ -26,16 +26,6 @@
 #include <stddef.h>
 #include "_conv_tiles.h"
 
-/* How the calling thread's last forward pass ran, for the tests
- * (last_forward_path): 0 the virtual output, 1 the grid, 2 these tiles. */
-#if defined(_MSC_VER)
-static __declspec(thread) int cypool_conv_last_path = 0;
-#else
-static __thread int cypool_conv_last_path = 0;
-#endif
-static inline void cypool_conv_set_path(int p) { cypool_conv_last_path = p; }
-static inline int cypool_conv_get_path(void) { return cypool_conv_last_path; }
-
 #if CYPOOL_VC_VBYTES == 64
 #define CYPOOL_OV_XMAX1 14
 #define CYPOOL_OV_XMAX2 12

@@ -19,17 +19,26 @@ static inline int omp_get_num_threads(void) { return 1; }
 #include <stdint.h>
 #include <time.h>
 
+#ifdef _MSC_VER
+#define CYPOOL_THREAD_LOCAL __declspec(thread)
+#else
+#define CYPOOL_THREAD_LOCAL __thread
+#endif
+
 /* The team size of the calling thread's last kernel call, for tests
  * (last_team_size). A team's thread 0 is the thread that called, so one
  * variable per thread keeps each Python thread's own answer when several
  * call kernels at once. */
-#ifdef _MSC_VER
-static __declspec(thread) int cypool_last_team = 1;
-#else
-static __thread int cypool_last_team = 1;
-#endif
+static CYPOOL_THREAD_LOCAL int cypool_last_team = 1;
 static inline void cypool_set_last_team(int n) { cypool_last_team = n; }
 static inline int cypool_get_last_team(void) { return cypool_last_team; }
+
+/* How the calling thread's last standard forward pass ran, for tests
+ * (last_forward_path, _conv.pxi): 0 the virtual output, 1 the grid, 2
+ * output channels in the lanes (_conv_ovec.h). */
+static CYPOOL_THREAD_LOCAL int cypool_conv_last_path = 0;
+static inline void cypool_conv_set_path(int p) { cypool_conv_last_path = p; }
+static inline int cypool_conv_get_path(void) { return cypool_conv_last_path; }
 
 /* Claim n work items from a call's shared counter; returns the first. */
 static inline Py_ssize_t cypool_claim(Py_ssize_t* next, Py_ssize_t n) {
