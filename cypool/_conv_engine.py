@@ -14,7 +14,8 @@
 * **The passes**, for arrays already checked against their plan, and the
   two direct kernels' wrappers.
 * **The vector convolution's passes**: by the E-vectorised tiles, or at
-  small E by the standard convolution's kernels on component images.
+  small E by the standard convolution's kernels on flattened rows or
+  component images.
 
 A training loop at batch size 1 makes the same calls 60,000 times an epoch
 on tiny images, so a call does little more than look its kind up and run
@@ -286,7 +287,8 @@ def vector_checks(x, weight, stride, padding, dilation):
 
 
 # At small E the convolution (forward, or backward) can run as a standard
-# NCHW convolution of the E component images (conv2d's kernels, through
+# NCHW convolution: of the rows flattened to W * E values at column stride
+# 1 (flat_plan), else of the E component images (conv2d's kernels, through
 # strided views: no copy of x or of the output), which vectorises along
 # output positions, where the E-vectorised tiles leave most of a vector
 # empty. Which way is faster depends on E and the stride (bench/README.md
