@@ -275,11 +275,14 @@ def vector_checks(x, weight, stride, padding, dilation):
     for checked()."""
     x5, weight, batched, geom = chk.vector_conv_args(x, weight, stride, padding, dilation)
     N, E = x5.shape[0], x5.shape[4]
-    by_conv = (forward_by_conv(E, geom.sh, geom.sw, weight.shape[0])
-               or backward_by_conv(E, geom.sh, geom.sw))
-    p = small_e_plan(x5, weight, geom) if by_conv else None
-    flat = (flat_plan(x5, weight, geom)
-            if forward_by_rows(E, geom.sw) or (by_conv and backward_by_rows(E, geom.sw)) else None)
+    fwd_conv = forward_by_conv(E, geom.sh, geom.sw, weight.shape[0])
+    bwd_conv = backward_by_conv(E, geom.sh, geom.sw)
+    fwd_rows, bwd_rows = forward_by_rows(E, geom.sw), bwd_conv and backward_by_rows(E, geom.sw)
+    # Each plan only where a pass runs on it: the component images' where
+    # a pass takes conv2d's kernels but not on flattened rows.
+    images = (fwd_conv and not fwd_rows) or (bwd_conv and not bwd_rows)
+    p = small_e_plan(x5, weight, geom) if images else None
+    flat = flat_plan(x5, weight, geom) if fwd_rows or bwd_rows else None
     direct = p.direct if p is not None and E == 1 else ()
     out_shape = (N, weight.shape[0], geom.OH, geom.OW, E)
     return x5, weight, batched, VectorCall(geom, out_shape if batched else out_shape[1:], p, flat,
