@@ -189,7 +189,9 @@ def test_forward_with_output_channels_in_the_lanes(rng, trial):
     # row chunks on 2 or 3 threads or whole images on one, views, and a
     # stride-1 input gradient (the same forward, transposed). Then the same
     # call into a poisoned out=, and an image with NaN and +-inf: the same
-    # sums in the same order both ways, so the same bits.
+    # sums in the same order both ways, so the same bits. The lanes run
+    # again with bands of one row of outputs (their padded rows filled a
+    # band at a time, the next band prefetched): the same bits again.
     from cypool._backend import kernels, load_variant, RUNNABLE_ISAS
     from cypool._conv_engine import plan
     while True:
@@ -222,24 +224,33 @@ def test_forward_with_output_channels_in_the_lanes(rng, trial):
             np.testing.assert_allclose(out, want, equal_nan=True, **tol(dtype))
             got[mode] = out
         np.testing.assert_array_equal(got[0], got[2])
+        for m in mods:
+            m.set_ov_band(1)
+        out = np.full(want.shape, np.nan, dtype)
+        cypool.conv2d(x, w, b, **geo, out=out, num_threads=nt)
+        np.testing.assert_array_equal(out, got[2])
     finally:
         for m in mods:
             m.set_ovec(1)
+            m.set_ov_band(128 * 1024)
 
 
 @pytest.mark.parametrize("shape, O, k, stride, padding, path", [
     ((64, 6, 14, 14), 16, 5, 1, 0, "ovec"),    # LeNet's second convolution
     ((4, 16, 13, 13), 32, 4, 2, 0, "ovec"),    # a small verification network's strided layer
     ((3, 32, 6, 6), 64, 3, 1, 1, "ovec"),
+    ((2, 32, 28, 28), 128, 3, 1, 1, "ovec"),   # 2 columns of 30 dropped, but 288 taps
     ((8, 8, 28, 28), 8, 3, 1, 1, "virtual"),   # 2 columns of 30 dropped
+    ((1, 3, 64, 64), 64, 7, 2, 3, "virtual"),  # a stem: 3 of 35 columns dropped, 147 taps
     ((4, 6, 14, 14), 12, 5, 1, 0, "virtual"),  # channels that fill no whole vector
 ])
 def test_forward_takes_output_channels_in_the_lanes_where_it_pays(rng, shape, O, k, stride,
                                                                    padding, path):
     # The rule (_takes_ovec): rows that drop a quarter or more of the
-    # virtual output's columns and channels that fill pairs of vectors in
-    # every build take it; few dropped columns or partly filled vectors do
-    # not. Against the reference.
+    # virtual output's columns, or 256 taps or more, with channels that
+    # fill pairs of vectors take it in every build; few dropped columns
+    # and few taps, or partly filled vectors, do not. Against the
+    # reference.
     from cypool import _backend
     if not _backend.kernels.OVEC_TILES:
         pytest.skip("a build without gcc's vector types never takes it")

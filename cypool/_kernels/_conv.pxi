@@ -67,11 +67,12 @@ cdef inline void _phase_geom(PhaseGeom* p, Py_ssize_t C, Py_ssize_t H, Py_ssize_
 
 
 cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const PhaseGeom* p,
-                              floating* buf) noexcept nogil:
+                              floating* buf, Py_ssize_t a0) noexcept nogil:
     """buf = image n of x, zero-padded, upsampled by (uh, uw), split into
-    stride phases (see the top of this file). Divisions only per source
-    row, not per channel or phase: at a small call they cost more than the
-    copying."""
+    stride phases (see the top of this file): the phase rows a0 .. a0 +
+    Aq - 1 of it (a band of the padded image where a0 > 0 or Aq is less
+    than all its rows). Divisions only per source row, not per channel or
+    phase: at a small call they cost more than the copying."""
     cdef Py_ssize_t c, h, w, hh, ww, w_lo, w_hi, sx, r, q, k, m, r0, q0, at
     cdef Py_ssize_t cplane = p.C * p.plane  # from one column phase to the next
     cdef floating* row
@@ -91,9 +92,9 @@ cdef inline void _fill_phases(const floating[:, :, :, :] x, Py_ssize_t n, const 
     sx = x.strides[3]
     for h in range(p.H):
         hh = p.plh + h * p.uh
-        if hh < 0 or hh >= p.Hp:
+        if hh < 0 or hh >= p.Hp or hh // p.sh < a0 or hh // p.sh >= a0 + p.Aq:
             continue
-        at = (hh % p.sh) * p.sw * cplane + (hh // p.sh) * p.Wq
+        at = (hh % p.sh) * p.sw * cplane + (hh // p.sh - a0) * p.Wq
         for c in range(p.C):
             row = buf + at + c * p.plane
             src = <const char*>&x[n, c, h, 0]
@@ -198,6 +199,7 @@ cdef struct ConvJob:
     bint grid                 # the real positions only (cypool_vc_grid), else the virtual output
     bint ovec                 # output channels in the lanes (_conv_ovec.h): p unsplit, items are (image, G rows of ce)
     Py_ssize_t ovs_h, ovs_w   # with ovec: the stride
+    Py_ssize_t ovb            # with ovec: output rows a band (p's Aq rows the padded rows they read)
     bint in_place             # the phase buffer would be the image itself: read x in place
     Py_ssize_t in_place_spill # read in place, images before this one have the next image after them
     const Py_ssize_t* off     # tap offsets in the phase buffer
@@ -254,6 +256,23 @@ def set_ovec(int mode):
     _ovec_mode = mode
 
 
+# Bytes of padded rows that the forward with output channels in the lanes
+# fills at a time: a band of them, with the weights, stays in L2 (1 MiB a
+# core on the AVX-512 host) while its rows of outputs run, and the next
+# band's source rows are prefetched meanwhile. Filling whole images
+# instead (861 KiB for the [32, 64, 56, 56] input) ran 5% slower there on
+# one thread (docs/performance.md).
+cdef Py_ssize_t _ov_band = 128 * 1024
+
+
+def set_ov_band(Py_ssize_t nbytes):
+    """Diagnostic for the tests: the bytes of padded rows a band of the
+    forward with output channels in the lanes fills at a time (at least
+    one row of outputs' worth). Not thread-safe; not for use."""
+    global _ov_band
+    _ov_band = nbytes
+
+
 # Whether the tiles of _conv_ovec.h are register tiles (gcc and clang),
 # else plain loops that the rule never takes.
 OVEC_TILES = bool(CYPOOL_OV_FAST)
@@ -267,27 +286,31 @@ def last_forward_path():
 
 
 cdef inline bint _takes_ovec(Py_ssize_t O, Py_ssize_t OW, Py_ssize_t Wq, Py_ssize_t sw,
-                             Py_ssize_t L) noexcept nogil:
+                             Py_ssize_t K, Py_ssize_t L) noexcept nogil:
     """Whether a forward with O output channels, rows of OW outputs (Wq in
-    its phase planes) and column stride sw puts output channels in the
-    vector lanes (L of them)."""
+    its phase planes), column stride sw and K taps puts output channels in
+    the vector lanes (L of them)."""
     if sw > 2 or _ovec_mode == 0:
         return False
     if _ovec_mode == 2:
         return True
-    # Measured both ways on the AVX-512 host (docs/performance.md): with 32
-    # registers, where the channels fill whole vectors, it won wherever the
-    # virtual output drops a tenth of its columns or more (0.56-0.93x the
-    # time) and on rows of 16 outputs or fewer without such a loss (the 1x1
-    # convolution of 14 x 14 planes, a stride-2 layer's 16 of 17: 0.83-1.00x),
-    # tied or lost on longer rows (0.97-1.20x), and lost with half-empty
+    # Measured both ways on the AVX-512 host (docs/performance.md, "Output
+    # channels in the lanes"). With 32 registers, where the channels fill
+    # whole vectors, it won wherever the virtual output drops a tenth of
+    # its columns or more (0.56-0.93x the time), on rows of 16 outputs or
+    # fewer (0.83-1.00x), and, since its tiles write the sums through a
+    # scratch row and their weights lie in blocks, on every 3x3 convolution
+    # of 32 input channels or more, 256 taps or more, whatever its rows
+    # (0.92-1.00x); it lost on the 7x7 stem's 147 taps of 3 channels
+    # (1.03-1.10x), where a tile's stores weigh more, and with half-empty
     # vectors (8 channels of 16: 1.7-2.1x). With 16 registers (the AVX2 and
-    # SSE2 builds) its tiles are narrower, and it won where a quarter or
-    # more is dropped and the channels fill pairs of vectors (0.60-0.84x),
-    # tied at a fifth (1.02x).
+    # SSE2 builds) its tiles are narrower; it won where a quarter or more is
+    # dropped and the channels fill pairs of vectors (0.60-0.84x), and at
+    # 256 taps or more (0.65-0.98x with AVX2, the 1x1 convolution's 256 a
+    # tie; 0.85-0.88x with SSE2).
     if CYPOOL_VC_VBYTES == 64:
-        return CYPOOL_OV_FAST and O % L == 0 and ((Wq - OW) * 10 >= Wq or OW <= 16)
-    return CYPOOL_OV_FAST and O % (2 * L) == 0 and (Wq - OW) * 4 >= Wq
+        return CYPOOL_OV_FAST and O % L == 0 and ((Wq - OW) * 10 >= Wq or OW <= 16 or K >= 256)
+    return CYPOOL_OV_FAST and O % (2 * L) == 0 and ((Wq - OW) * 4 >= Wq or K >= 256)
 
 
 cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
@@ -330,17 +353,22 @@ cdef inline void _job_free(ConvJob* j) noexcept nogil:
 
 cdef extern from "_conv_ovec.h" nogil:
     int CYPOOL_OV_FAST
+    Py_ssize_t CYPOOL_OV_LDS(Py_ssize_t OW)
     int CYPOOL_VC_VBYTES
     void cypool_ov_rows_f32(const float* img, const Py_ssize_t* off, Py_ssize_t K,
                             const float* w, Py_ssize_t Op, Py_ssize_t O, Py_ssize_t oy0,
                             Py_ssize_t oy1, Py_ssize_t OW, Py_ssize_t rstep, Py_ssize_t sw,
                             const float* bias, float* s, float* out, Py_ssize_t so_c,
-                            Py_ssize_t so_h, Py_ssize_t so_w)
+                            Py_ssize_t so_h, Py_ssize_t so_w, const char* pf,
+                            Py_ssize_t pf_bytes, Py_ssize_t pf_stride, Py_ssize_t pf_n)
     void cypool_ov_rows_f64(const double* img, const Py_ssize_t* off, Py_ssize_t K,
                             const double* w, Py_ssize_t Op, Py_ssize_t O, Py_ssize_t oy0,
                             Py_ssize_t oy1, Py_ssize_t OW, Py_ssize_t rstep, Py_ssize_t sw,
                             const double* bias, double* s, double* out, Py_ssize_t so_c,
-                            Py_ssize_t so_h, Py_ssize_t so_w)
+                            Py_ssize_t so_h, Py_ssize_t so_w, const char* pf,
+                            Py_ssize_t pf_bytes, Py_ssize_t pf_stride, Py_ssize_t pf_n)
+    void cypool_ov_block_f32(const float* wt, Py_ssize_t K, Py_ssize_t Op, float* wb)
+    void cypool_ov_block_f64(const double* wt, Py_ssize_t K, Py_ssize_t Op, double* wb)
 
 
 cdef extern from "_omp_shim.h" nogil:
@@ -349,15 +377,18 @@ cdef extern from "_omp_shim.h" nogil:
 
 
 cdef inline void _ov_rows(const floating* img, const ConvJob* j, const floating* w,
-                          Py_ssize_t oy0, Py_ssize_t oy1, const floating* bias, floating* s,
-                          floating* out, Py_ssize_t so_c, Py_ssize_t so_h,
-                          Py_ssize_t so_w) noexcept nogil:
+                          Py_ssize_t oy0, Py_ssize_t oy1, const floating* bias,
+                          floating* s, floating* out, Py_ssize_t so_c, Py_ssize_t so_h,
+                          Py_ssize_t so_w, const char* pf, Py_ssize_t pf_bytes,
+                          Py_ssize_t pf_stride, Py_ssize_t pf_n) noexcept nogil:
     if floating is float:
         cypool_ov_rows_f32(img, j.off, j.K, w, j.Op, j.O, oy0, oy1, j.OW,
-                           j.ovs_h * j.p.Wq, j.ovs_w, bias, s, out, so_c, so_h, so_w)
+                           j.ovs_h * j.p.Wq, j.ovs_w, bias, s, out, so_c, so_h, so_w,
+                           pf, pf_bytes, pf_stride, pf_n)
     else:
         cypool_ov_rows_f64(img, j.off, j.K, w, j.Op, j.O, oy0, oy1, j.OW,
-                           j.ovs_h * j.p.Wq, j.ovs_w, bias, s, out, so_c, so_h, so_w)
+                           j.ovs_h * j.p.Wq, j.ovs_w, bias, s, out, so_c, so_h, so_w,
+                           pf, pf_bytes, pf_stride, pf_n)
 
 
 cdef inline void _copy_out(const floating* tmp, const ConvJob* j, floating[:, :, :, :] out,
@@ -399,12 +430,20 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     chunk q % G of image q // G."""
     cdef Py_ssize_t q, qend = -1, n, cur = -1, e_lo, ne, t, o, Wq = j.p.Wq
     cdef Py_ssize_t so = out.strides[3] // <Py_ssize_t>sizeof(floating)  # output column step
+    cdef Py_ssize_t soc = out.strides[1] // <Py_ssize_t>sizeof(floating)
+    cdef Py_ssize_t soh = out.strides[2] // <Py_ssize_t>sizeof(floating)
+    cdef Py_ssize_t oy, oyb, h_lo, h_hi, pf_bytes = 0
+    cdef const char* pf
+    # The forward's source rows are contiguous, those of a channel a piece.
+    cdef bint pf_ok = (j.ovec and j.p.uh == 1 and x.strides[3] == sizeof(floating)
+                       and x.strides[2] == x.shape[3] * x.strides[3])
     # The narrowest vector tile (_conv_tiles.h): half a vector where
     # there is one, else a third of the E block (one vector).
     cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
     cdef Py_ssize_t vt = eb // 6 if CYPOOL_VC_HALF_TAIL else eb // 3
     cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
-    cdef floating* tmp = <floating*>malloc(j.Op * (j.OW if j.ovec else j.ce) * sizeof(floating))
+    cdef floating* tmp = <floating*>malloc(j.Op * (CYPOOL_OV_LDS(j.OW) if j.ovec else j.ce)
+                                           * sizeof(floating))
     cdef const floating** xs = <const floating**>malloc(j.K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(j.Op * sizeof(void*))
     cdef const floating** pp = _pack_new(j.K, <floating*>NULL)
@@ -421,16 +460,34 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
             if n != cur:
                 if j.in_place:
                     img = &x[n, 0, 0, 0]
-                else:
-                    _fill_phases(x, n, &j.p, buf)
+                elif not j.ovec:
+                    _fill_phases(x, n, &j.p, buf, 0)
                 cur = n
             e_lo = (q % j.G) * j.ce
             ne = min(j.ce, j.L - e_lo)
             if j.ovec:
-                # Rows e_lo .. e_lo + ne - 1 of the output.
-                _ov_rows(img, j, wt, e_lo, e_lo + ne, bias, tmp, &out[n, 0, 0, 0],
-                         out.strides[1] // <Py_ssize_t>sizeof(floating),
-                         out.strides[2] // <Py_ssize_t>sizeof(floating), so)
+                # Rows e_lo .. e_lo + ne - 1 of the output, in bands of
+                # ovb rows whose padded rows fill buf (unless read in place).
+                oy = e_lo
+                while oy < e_lo + ne:
+                    oyb = min(e_lo + ne, oy + j.ovb)
+                    if j.in_place:
+                        _ov_rows(img, j, wt, oy, oyb, bias, tmp, &out[n, 0, 0, 0], soc, soh, so,
+                                 NULL, 0, 0, 0)
+                    else:
+                        _fill_phases(x, n, &j.p, buf, oy * j.ovs_h)
+                        # The next band's source rows (the next image's first
+                        # band after this image's last), into L2 meanwhile.
+                        pf = NULL
+                        if pf_ok and (oyb < j.OH or n + 1 < x.shape[0]):
+                            h_lo = max(0, (oyb if oyb < j.OH else 0) * j.ovs_h - j.p.plh)
+                            h_hi = min(j.p.H, h_lo + j.p.Aq)
+                            if h_lo < h_hi:
+                                pf = <const char*>&x[n if oyb < j.OH else n + 1, 0, h_lo, 0]
+                                pf_bytes = (h_hi - h_lo) * x.strides[2]
+                        _ov_rows(buf, j, wt, 0, oyb - oy, bias, tmp, &out[n, 0, oy, 0], soc, soh, so,
+                                 pf, pf_bytes, x.strides[1], j.p.C)
+                    oy = oyb
             elif j.grid:
                 for t in range(j.K):
                     xs[t] = img + j.off[t]
@@ -479,16 +536,35 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef Py_ssize_t O = out.shape[1], Op = (O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef floating* wt
+    cdef floating* wb
     cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
     cdef Py_ssize_t N = x.shape[0], OH = out.shape[2], L = CYPOOL_VC_VBYTES // sizeof(floating), g
-    if _takes_ovec(O, out.shape[3], (Wp + sw - 1) // sw, sw, L):
+    cdef bint ovec = _takes_ovec(O, out.shape[3], (Wp + sw - 1) // sw, sw, K, L)
+    # An unpadded stride-1 convolution of C-contiguous images (or any with
+    # output channels in the lanes): the phase buffer would be a copy of
+    # each image, so the taps read x in place.
+    cdef bint in_place = (uh == 1 and uw == 1 and (ovec or (sh == 1 and sw == 1))
+                          and plh == 0 and plw == 0 and Hp == x.shape[2] and Wp == x.shape[3]
+                          and x.strides[3] == sizeof(floating)
+                          and x.strides[2] == x.shape[3] * sizeof(floating)
+                          and x.strides[1] == x.shape[2] * x.shape[3] * sizeof(floating))
+    if ovec:
         # Output channels in the lanes: the image padded, not split into
         # phases; work items are (image, chunk of output rows), whole
-        # images where there are four a thread or more.
+        # images where there are four a thread or more. Unless read in
+        # place, the padded rows are filled a band at a time (_ov_band).
         Op = (O + L - 1) // L * L
         _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, 1, 1)
+        j.ovb = OH
+        if not in_place:
+            g = (kh - 1) * dh + 1  # padded rows an output row reads
+            j.ovb = max(1, min(OH, (_ov_band // (x.shape[1] * j.p.Wq * <Py_ssize_t>sizeof(floating))
+                                    - g) // sh + 1))
+            j.p.Aq = (j.ovb - 1) * sh + g
+            j.p.plane = j.p.Aq * j.p.Wq
+            j.p.size = x.shape[1] * j.p.plane
         failed[0] = _job(&j, K, O, Op, OH, out.shape[3], OH, kh, kw, dh, dw, 0)
         j.ovec = True
         j.ovs_h = sh
@@ -502,18 +578,21 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
         failed[0] = _job(&j, K, O, Op, OH, out.shape[3], ce, kh, kw, dh, dw,
                          32 // sizeof(floating))
-    # An unpadded stride-1 convolution of C-contiguous images (or any with
-    # output channels in the lanes): the phase buffer would be a copy of
-    # each image, so the taps read x in place.
-    j.in_place = (uh == 1 and uw == 1 and j.p.sh == 1 and j.p.sw == 1 and plh == 0 and plw == 0
-                and Hp == x.shape[2] and Wp == x.shape[3]
-                and x.strides[3] == sizeof(floating) and x.strides[2] == x.shape[3] * sizeof(floating)
-                and x.strides[1] == x.shape[2] * x.shape[3] * sizeof(floating))
+    j.in_place = in_place
     # Rounding a chunk up to whole vectors reads at most a vector past an
     # image's end: inside x when the images are back to back, but the last.
     j.in_place_spill = (x.shape[0] - 1 if x.strides[0] == x.shape[1] * x.strides[1] else 0)
     wt = _tap_major(<const char*>&w[0, 0, 0, 0], &w.shape[0], &w.strides[0], transposed, Op,
                     <floating*>NULL)
+    if j.ovec and wt != NULL:
+        wb = <floating*>malloc(K * Op * sizeof(floating))
+        if wb != NULL:
+            if floating is float:
+                cypool_ov_block_f32(wt, K, Op, wb)
+            else:
+                cypool_ov_block_f64(wt, K, Op, wb)
+        free(wt)
+        wt = wb
     Q = x.shape[0] * j.G
     cypool_conv_set_path(2 if j.ovec else 1 if j.grid else 0)
     # Claims of whole images where there are four or more a thread (about

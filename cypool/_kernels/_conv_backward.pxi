@@ -91,7 +91,7 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
         for q in range(q0, q1):
             n = q // j.G
             if n != cur:
-                _fill_phases(x, n, &j.p, buf)
+                _fill_phases(x, n, &j.p, buf, 0)
                 finite = few and _all_finite(buf, j.p.size)
                 cur = n
             e_lo = (q % j.G) * j.ce

@@ -14,12 +14,18 @@
  * embedded broadcast of the multiply-add where AVX-512 has it). A tile is
  * X positions of one output row by one or two vectors of channels, every
  * sum a register; only real positions are computed, at any column stride
- * SW (1 or 2, a constant of the tile). The row's sums go through a
- * scratch row (OW x Op) and are written out transposed, plus the bias.
- * It pays where there are few output channels (a whole number of vectors)
- * and short rows (docs/performance.md, "Output channels in the lanes").
+ * SW (1 or 2, a constant of the tile). Its weights are a block of their
+ * own (cypool_ov_block), read in order. It stores its sums transposed
+ * into a scratch row, one row of OW per channel, from which the row is
+ * copied out plus the bias: stored straight into the output instead, the
+ * channels' planes, 4 KiB apart in a [64, 32, 32, 32] output, fought over
+ * the same L1 sets (1.7x the time). The caller fills the padded image a
+ * band of rows at a time (cypool/_kernels/_conv.pxi), and the rows
+ * prefetch the next band's source. It pays where the virtual output
+ * drops many columns, on short rows, and where there are many taps
+ * (docs/performance.md, "Output channels in the lanes").
  *
- * Tiles hold X x OV sums: at most 14 x 1 or 12 x 2 with AVX-512's 32
+ * Tiles hold X x OV sums: at most 14 x 1 or 14 x 2 with AVX-512's 32
  * registers, 12 x 1 or 6 x 2 with 16. */
 #ifndef CYPOOL_CONV_OVEC_H
 #define CYPOOL_CONV_OVEC_H
@@ -28,10 +34,12 @@
 
 #if CYPOOL_VC_VBYTES == 64
 #define CYPOOL_OV_XMAX1 14
-#define CYPOOL_OV_XMAX2 12
+#define CYPOOL_OV_XMAX2 14
+#define CYPOOL_OV_WIDE2(T, SUF, SW, G) G(T, SUF, 13, 2, SW) G(T, SUF, 14, 2, SW)
 #else
 #define CYPOOL_OV_XMAX1 12
 #define CYPOOL_OV_XMAX2 6
+#define CYPOOL_OV_WIDE2(T, SUF, SW, G)
 #endif
 
 #if defined(__GNUC__)
@@ -60,21 +68,23 @@
 #define CYPOOL_OV_W2 CYPOOL_OV_W1 const V w1 = *(const V *)(w + t * ldw + L);
 #define CYPOOL_OV_FMA1(k) { const S xv = xt[(k) * sw]; a##k += w0 * xv; }
 #define CYPOOL_OV_FMA2(k) { const S xv = xt[(k) * sw]; a##k += w0 * xv; b##k += w1 * xv; }
-#define CYPOOL_OV_STORE1(k) *(V *)(s + (k) * lds) = a##k;
-#define CYPOOL_OV_STORE2(k) CYPOOL_OV_STORE1(k) *(V *)(s + (k) * lds + L) = b##k;
+/* Position k's sums, transposed: lane l to s[l * lds + k]. */
+#define CYPOOL_OV_STORE1(k) for (ptrdiff_t l = 0; l < L; l++) s[l * lds + (k)] = a##k[l];
+#define CYPOOL_OV_STORE2(k) CYPOOL_OV_STORE1(k)                                      \
+    for (ptrdiff_t l = 0; l < L; l++) s[(L + l) * lds + (k)] = b##k[l];
 
 /* X positions (SW apart in the input) by OV vectors of channels, over K
  * taps: tap t of position k reads xp[off[t] + k * SW], its weights are
- * w[t * ldw ..]; position k's sums go to s[k * lds ..]. */
+ * w[t * OV * L ..] (a block of cypool_ov_block's layout); channel l of
+ * position k goes to s[l * lds + k]. */
 #define CYPOOL_OV_TILE(T, SUF, X, OV, SW)                                            \
 static void cypool_ov_tile_##SUF##_x##X##_v##OV##_s##SW(                             \
-        ptrdiff_t K, const T *xp, const ptrdiff_t *off, const T *w, ptrdiff_t ldw,   \
-        T *s, ptrdiff_t lds)                                                         \
+        ptrdiff_t K, const T *xp, const ptrdiff_t *off, const T *w, T *s,            \
+        ptrdiff_t lds)                                                               \
 {                                                                                    \
     typedef cypool_vc_v_##SUF V;                                                     \
     typedef T S;                                                                     \
-    const ptrdiff_t L = (ptrdiff_t)(sizeof(V) / sizeof(T)), sw = SW;                 \
-    (void)L;                                                                         \
+    const ptrdiff_t L = (ptrdiff_t)(sizeof(V) / sizeof(T)), sw = SW, ldw = OV * L;   \
     CYPOOL_OV_P##X(CYPOOL_OV_ZERO##OV)                                               \
     for (ptrdiff_t t = 0; t < K; t++) {                                              \
         const T *xt = xp + off[t];                                                   \
@@ -84,8 +94,9 @@ static void cypool_ov_tile_##SUF##_x##X##_v##OV##_s##SW(                        
     CYPOOL_OV_P##X(CYPOOL_OV_STORE##OV)                                              \
 }
 
-/* Every tile of one stride and width: X = 1 to 14 by one vector, 1 to 12
- * by two (the builds with 16 registers use X <= 12 and 6). */
+/* Every tile of one stride and width: X = 1 to 14 by one vector or two
+ * (the builds with 16 registers have X <= 12 by two and use X <= 12 and
+ * 6). */
 #define CYPOOL_OV_TILES_V(T, SUF, OV, SW, G)                                         \
     G(T, SUF, 1, OV, SW) G(T, SUF, 2, OV, SW) G(T, SUF, 3, OV, SW)                   \
     G(T, SUF, 4, OV, SW) G(T, SUF, 5, OV, SW) G(T, SUF, 6, OV, SW)                   \
@@ -93,18 +104,18 @@ static void cypool_ov_tile_##SUF##_x##X##_v##OV##_s##SW(                        
     G(T, SUF, 10, OV, SW) G(T, SUF, 11, OV, SW) G(T, SUF, 12, OV, SW)
 #define CYPOOL_OV_TILES(T, SUF, SW, G)                                               \
     CYPOOL_OV_TILES_V(T, SUF, 1, SW, G) G(T, SUF, 13, 1, SW) G(T, SUF, 14, 1, SW)   \
-    CYPOOL_OV_TILES_V(T, SUF, 2, SW, G)
+    CYPOOL_OV_TILES_V(T, SUF, 2, SW, G) CYPOOL_OV_WIDE2(T, SUF, SW, G)
 
 #define CYPOOL_OV_CASE(T, SUF, X, OV, SW)                                            \
     case X * 4 + (OV - 1) * 2 + (SW - 1):                                            \
-        cypool_ov_tile_##SUF##_x##X##_v##OV##_s##SW(K, xp, off, w, ldw, s, lds); return;
+        cypool_ov_tile_##SUF##_x##X##_v##OV##_s##SW(K, xp, off, w, s, lds); return;
 
 #define CYPOOL_OV_TILE_DEFINE(T, SUF)                                                \
 CYPOOL_OV_TILES(T, SUF, 1, CYPOOL_OV_TILE)                                           \
 CYPOOL_OV_TILES(T, SUF, 2, CYPOOL_OV_TILE)                                           \
 static void cypool_ov_tile_##SUF(ptrdiff_t X, ptrdiff_t OV, ptrdiff_t SWc,           \
-        ptrdiff_t K, const T *xp, const ptrdiff_t *off, const T *w, ptrdiff_t ldw,   \
-        T *s, ptrdiff_t lds)                                                         \
+        ptrdiff_t K, const T *xp, const ptrdiff_t *off, const T *w, T *s,            \
+        ptrdiff_t lds)                                                               \
 {                                                                                    \
     switch (X * 4 + (OV - 1) * 2 + (SWc - 1)) {                                      \
     CYPOOL_OV_TILES(T, SUF, 1, CYPOOL_OV_CASE)                                       \
@@ -117,36 +128,65 @@ static void cypool_ov_tile_##SUF(ptrdiff_t X, ptrdiff_t OV, ptrdiff_t SWc,      
 #define CYPOOL_OV_FAST 0
 #define CYPOOL_OV_TILE_DEFINE(T, SUF)                                                \
 static void cypool_ov_tile_##SUF(ptrdiff_t X, ptrdiff_t OV, ptrdiff_t SWc,           \
-        ptrdiff_t K, const T *xp, const ptrdiff_t *off, const T *w, ptrdiff_t ldw,   \
-        T *s, ptrdiff_t lds)                                                         \
+        ptrdiff_t K, const T *xp, const ptrdiff_t *off, const T *w, T *s,            \
+        ptrdiff_t lds)                                                               \
 {                                                                                    \
     const ptrdiff_t n = OV * (CYPOOL_VC_VBYTES / (ptrdiff_t)sizeof(T));              \
     for (ptrdiff_t k = 0; k < X; k++)                                                \
         for (ptrdiff_t o = 0; o < n; o++) {                                          \
             T a = 0;                                                                 \
             for (ptrdiff_t t = 0; t < K; t++)                                        \
-                a += w[t * ldw + o] * xp[off[t] + k * SWc];                          \
-            s[k * lds + o] = a;                                                      \
+                a += w[t * n + o] * xp[off[t] + k * SWc];                            \
+            s[o * lds + k] = a;                                                      \
         }                                                                            \
 }
 #endif /* __GNUC__ */
 
+/* Ask for pieces k0 .. k1 - 1 of pf (pieces of nbytes, stride bytes apart)
+ * to be brought into L2: the source rows of the next band of rows, while
+ * this band computes (the rows of an image's channels lie far apart, more
+ * streams than the hardware prefetcher follows). */
+static inline void cypool_ov_prefetch(const char *pf, ptrdiff_t nbytes, ptrdiff_t stride,
+                                      ptrdiff_t k0, ptrdiff_t k1)
+{
+#if defined(__GNUC__)
+    for (ptrdiff_t k = k0; k < k1; k++)
+        for (ptrdiff_t b = 0; b < nbytes; b += 64)
+            __builtin_prefetch(pf + k * stride + b, 0, 2);
+#else
+    (void)pf; (void)nbytes; (void)stride; (void)k0; (void)k1;
+#endif
+}
+
+/* The scratch row's stride (values) for rows of OW outputs: whole 32-byte
+ * pieces and a half, so that its Op rows, which the tiles write a column
+ * at a time, do not share the L1 cache's sets. */
+#define CYPOOL_OV_LDS(OW) ((((OW) + 7) / 8) * 8 + 4)
+
 /* Output rows oy0 .. oy1 - 1 of one image:
  *   out[o * so_c + oy * so_h + ox * so_w] = bias[o] + sum over taps t of
- *       w[t * Op + o] * img[off[t] + oy * rstep + ox * sw]
- * for o < O and ox < OW; Op is O rounded up to whole vectors (the weights'
- * rows, zero past O), bias may be NULL, sw is 1 or 2, and s is a scratch
- * row of OW * Op values. */
+ *       w[t, o] * img[off[t] + oy * rstep + ox * sw]
+ * for o < O and ox < OW, the sums in the order of t, the bias added last.
+ * w is in cypool_ov_block's layout (Op channels, O rounded up to whole
+ * vectors, zero past O); bias may be NULL; sw is 1 or 2; s is a scratch of
+ * Op * CYPOOL_OV_LDS(OW) values. Where pf is not NULL, the rows prefetch
+ * its pf_n pieces, a share each. */
 #define CYPOOL_OV_DEFINE(T, SUF)                                                     \
 CYPOOL_OV_TILE_DEFINE(T, SUF)                                                        \
 static void cypool_ov_rows_##SUF(const T *img, const ptrdiff_t *off, ptrdiff_t K,   \
         const T *w, ptrdiff_t Op, ptrdiff_t O, ptrdiff_t oy0, ptrdiff_t oy1,         \
         ptrdiff_t OW, ptrdiff_t rstep, ptrdiff_t sw, const T *bias, T *s, T *out,    \
-        ptrdiff_t so_c, ptrdiff_t so_h, ptrdiff_t so_w)                              \
+        ptrdiff_t so_c, ptrdiff_t so_h, ptrdiff_t so_w, const char *pf,              \
+        ptrdiff_t pf_bytes, ptrdiff_t pf_stride, ptrdiff_t pf_n)                     \
 {                                                                                    \
     const ptrdiff_t L = CYPOOL_VC_VBYTES / (ptrdiff_t)sizeof(T);                     \
+    const ptrdiff_t lds = CYPOOL_OV_LDS(OW);                                         \
     for (ptrdiff_t oy = oy0; oy < oy1; oy++) {                                       \
         const T *xr = img + oy * rstep;                                              \
+        if (pf != NULL)                                                              \
+            cypool_ov_prefetch(pf, pf_bytes, pf_stride,                              \
+                               pf_n * (oy - oy0) / (oy1 - oy0),                      \
+                               pf_n * (oy - oy0 + 1) / (oy1 - oy0));                 \
         for (ptrdiff_t ob = 0; ob < Op;) {                                           \
             const ptrdiff_t nv = Op - ob >= 2 * L ? 2 : 1;                           \
             const ptrdiff_t xmax = nv == 2 ? CYPOOL_OV_XMAX2 : CYPOOL_OV_XMAX1;      \
@@ -155,23 +195,47 @@ static void cypool_ov_rows_##SUF(const T *img, const ptrdiff_t *off, ptrdiff_t K
             for (ptrdiff_t pc = 0; pc < pieces; pc++) {                              \
                 /* pieces of nearly equal width, none wider than xmax */             \
                 const ptrdiff_t X = (OW - x0) / (pieces - pc);                       \
-                cypool_ov_tile_##SUF(X, nv, sw, K, xr + x0 * sw, off, w + ob, Op,    \
-                                     s + x0 * Op + ob, Op);                          \
+                cypool_ov_tile_##SUF(X, nv, sw, K, xr + x0 * sw, off, w + ob * K,    \
+                                     s + ob * lds + x0, lds);                        \
                 x0 += X;                                                             \
             }                                                                        \
             ob += nv * L;                                                            \
         }                                                                            \
         for (ptrdiff_t o = 0; o < O; o++) {                                          \
             const T b = bias ? bias[o] : (T)0;                                       \
+            const T *src = s + o * lds;                                              \
             T *d = out + o * so_c + oy * so_h;                                       \
-            const T *src = s + o;                                                    \
-            for (ptrdiff_t ox = 0; ox < OW; ox++)                                    \
-                d[ox * so_w] = src[ox * Op] + b;                                     \
+            if (so_w == 1)                                                           \
+                for (ptrdiff_t ox = 0; ox < OW; ox++)                                \
+                    d[ox] = src[ox] + b;                                             \
+            else                                                                     \
+                for (ptrdiff_t ox = 0; ox < OW; ox++)                                \
+                    d[ox * so_w] = src[ox] + b;                                      \
         }                                                                            \
     }                                                                                \
 }
 
 CYPOOL_OV_DEFINE(float, f32)
 CYPOOL_OV_DEFINE(double, f64)
+
+/* The tap-major weights wt (K rows of Op) in blocks of the tiles' channels:
+ * block ob (2L channels while 2L remain, else L) is K rows of its width,
+ * at wb + ob * K. */
+#define CYPOOL_OV_BLOCK_DEFINE(T, SUF)                                               \
+static void cypool_ov_block_##SUF(const T *wt, ptrdiff_t K, ptrdiff_t Op, T *wb)    \
+{                                                                                    \
+    const ptrdiff_t L = CYPOOL_VC_VBYTES / (ptrdiff_t)sizeof(T);                     \
+    for (ptrdiff_t ob = 0; ob < Op;) {                                               \
+        const ptrdiff_t n = (Op - ob >= 2 * L ? 2 : 1) * L;                          \
+        T *d = wb + ob * K;                                                          \
+        for (ptrdiff_t t = 0; t < K; t++)                                            \
+            for (ptrdiff_t o = 0; o < n; o++)                                        \
+                d[t * n + o] = wt[t * Op + ob + o];                                  \
+        ob += n;                                                                     \
+    }                                                                                \
+}
+
+CYPOOL_OV_BLOCK_DEFINE(float, f32)
+CYPOOL_OV_BLOCK_DEFINE(double, f64)
 
 #endif /* CYPOOL_CONV_OVEC_H */

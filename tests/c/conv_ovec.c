@@ -4,9 +4,11 @@
  * with zeros), rows of 1-60 outputs (every tile width, rows cut into
  * pieces), column strides 1 and 2, row steps of 1-3 rows, dilated taps,
  * bias or none, outputs written through channel, row and column strides,
- * and a row range starting past row 0. The scratch row and the output's
- * gaps are poisoned with NaN. Built by tests/test_kernel_headers.py once per
- * vector width, the AVX-512 layout included. Exits 1 on a wrong value. */
+ * and a row range starting past row 0. The blocked weights' buffer, the
+ * scratch row and the output are poisoned with NaN, and the output's gaps
+ * must stay NaN. Built
+ * by tests/test_kernel_headers.py once per vector width, the AVX-512 layout
+ * included. Exits 1 on a wrong value. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +31,8 @@ static int check_##SUF(void) {                                                  
         ptrdiff_t so_c = OH * so_h + rand() % 3;                                     \
         T *img = malloc(C * plane * sizeof(T)), *w = malloc(K * Op * sizeof(T));     \
         T *bias = malloc(O * sizeof(T)), *out = malloc(O * so_c * sizeof(T));        \
-        T *s = malloc(OW * Op * sizeof(T));                                          \
+        T *wb = malloc(K * Op * sizeof(T));                                          \
+        T *s = malloc(Op * CYPOOL_OV_LDS(OW) * sizeof(T));                           \
         ptrdiff_t *off = malloc(K * sizeof(ptrdiff_t));                              \
         for (ptrdiff_t i = 0; i < C * plane; i++) img[i] = (T)((rand() % 2001) - 1000) / 300; \
         for (ptrdiff_t t = 0; t < K; t++)                                            \
@@ -37,13 +40,17 @@ static int check_##SUF(void) {                                                  
                 w[t * Op + o] = o < O ? (T)((rand() % 2001) - 1000) / 700 : 0;       \
         for (ptrdiff_t o = 0; o < O; o++) bias[o] = (T)(rand() % 11) - 5;            \
         for (ptrdiff_t i = 0; i < O * so_c; i++) out[i] = NAN;                       \
-        for (ptrdiff_t i = 0; i < OW * Op; i++) s[i] = NAN;                          \
+        for (ptrdiff_t i = 0; i < K * Op; i++) wb[i] = NAN;                          \
+        for (ptrdiff_t i = 0; i < Op * CYPOOL_OV_LDS(OW); i++) s[i] = NAN;           \
         for (ptrdiff_t c = 0, t = 0; c < C; c++)                                     \
             for (ptrdiff_t i = 0; i < kh; i++)                                       \
                 for (ptrdiff_t j = 0; j < kw; j++, t++)                              \
                     off[t] = c * plane + i * dh * Wq + j * dw;                       \
-        cypool_ov_rows_##SUF(img, off, K, w, Op, O, oy0, OH, OW, sh * Wq, sw,        \
-                             usebias ? bias : NULL, s, out, so_c, so_h, so_w);       \
+        cypool_ov_block_##SUF(w, K, Op, wb);                                         \
+        cypool_ov_rows_##SUF(img, off, K, wb, Op, O, oy0, OH, OW, sh * Wq, sw,       \
+                             usebias ? bias : NULL, s, out, so_c, so_h, so_w,        \
+                             (const char *)img, Wq * (ptrdiff_t)sizeof(T),           \
+                             plane * (ptrdiff_t)sizeof(T), C);                       \
         for (ptrdiff_t o = 0; o < O; o++)                                            \
             for (ptrdiff_t oy = 0; oy < OH; oy++)                                    \
                 for (ptrdiff_t ox = 0; ox < OW; ox++) {                              \
@@ -64,7 +71,16 @@ static int check_##SUF(void) {                                                  
                         bad++;                                                       \
                     }                                                                \
                 }                                                                    \
-        free(img); free(w); free(bias); free(out); free(s); free(off);               \
+        /* nothing written outside the outputs: the gaps between them */           \
+        ptrdiff_t written = 0;                                                       \
+        for (ptrdiff_t i = 0; i < O * so_c; i++) written += !isnan(out[i]);          \
+        if (written != O * (OH - oy0) * OW) {                                        \
+            if (bad < 5) printf(#SUF " O %td OW %td: %td values written, not %td\n", \
+                                O, OW, written, O * (OH - oy0) * OW);               \
+            bad++;                                                                   \
+        }                                                                            \
+        free(img); free(w); free(bias); free(out); free(wb); free(s);                \
+        free(off);                                                                   \
     }                                                                                \
     printf(#SUF ": %s (%d bad)\n", bad ? "WRONG" : "ok", bad);                       \
     return bad;                                                                      \
