@@ -202,6 +202,8 @@ def test_forward_with_output_channels_in_the_lanes(rng, trial):
         if not plan(xs, ws, **geo).direct and min(xs[2:]) > 2:
             break
     mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
+    for m in mods:
+        m.set_wino(0)  # the lanes' direct sums (F(2, 3) has a test of its own)
     dtype = [np.float32, np.float64][trial % 2]
     nt = 1 + trial % 3
     x = rng.standard_normal(xs).astype(dtype)
@@ -232,6 +234,89 @@ def test_forward_with_output_channels_in_the_lanes(rng, trial):
     finally:
         for m in mods:
             m.set_ovec(1)
+            m.set_wino(1)
+            m.set_ov_band(128 * 1024)
+
+
+@pytest.mark.thread_unsafe(reason="set_ovec and set_wino switch the forward's path for every thread")
+@pytest.mark.parametrize("trial", range(16))
+def test_forward_by_f23_along_the_rows(rng, trial):
+    # Rows three taps wide at column stride and dilation 1 may run by F(2, 3)
+    # (_conv_winograd.h), forced here against the reference and the lanes'
+    # direct sums: any kernel height, row stride and dilation, padding,
+    # odd and even rows, channels that fill vectors or not, 1-3 images on
+    # 1-3 threads, views, bands of one row. Then inputs with NaN and +-inf,
+    # and values whose transformed sums overflow though the direct ones do
+    # not: those rows run the direct way, to the reference's inf, NaN and
+    # finite values. Weights that are not finite turn it off for the call.
+    from cypool._backend import kernels, load_variant, RUNNABLE_ISAS
+    from cypool._conv_engine import plan
+    while True:
+        xs, ws, geo, pad = random_case(rng, big=True)
+        O = [16, 32, 48, 5 + int(rng.integers(0, 40))][trial % 4]
+        ws = (O,) + ws[1:3] + (3,)
+        geo["stride"] = (geo["stride"][0], 1)
+        geo["dilation"] = (geo["dilation"][0], 1)
+        if geo["padding"] == "same":
+            pad = (pad[0], (1, 1))
+        xs = (1 + trial % 3,) + xs[1:3] + (int(rng.integers(4, 40)),)
+        if (not plan(xs, ws, **geo).direct and xs[2] + sum(pad[0]) >= geo["dilation"][0] * (ws[2] - 1) + 1
+                and xs[3] + sum(pad[1]) - 2 >= 2):
+            break
+    mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
+    dtype = [np.float32, np.float64][trial % 2]
+    nt = 1 + trial % 3
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(O).astype(dtype) if trial % 4 else None
+    if trial % 5 == 0:  # a view
+        x = np.ascontiguousarray(np.swapaxes(x, 2, 3)).swapaxes(2, 3)
+    want = ref.conv2d(x.astype(np.float64), w, b, geo["stride"], pad, geo["dilation"])
+    try:
+        for m in mods:
+            m.set_ovec(2)
+        for m in mods:
+            m.set_wino(0)
+        direct = cypool.conv2d(x, w, b, **geo, num_threads=nt)
+        for m in mods:
+            m.set_wino(2)
+        out = np.full(want.shape, np.nan, dtype)
+        cypool.conv2d(x, w, b, **geo, out=out, num_threads=nt)
+        assert kernels.last_forward_path() == "winograd"
+        np.testing.assert_allclose(out, want, **tol(dtype))
+        np.testing.assert_allclose(out, direct, **tol(dtype))
+        for m in mods:
+            m.set_ov_band(1)
+        np.testing.assert_array_equal(cypool.conv2d(x, w, b, **geo, num_threads=nt), out)
+        for m in mods:
+            m.set_ov_band(128 * 1024)
+        # NaN, +-inf, and a pair of huge values (their sum overflows in the
+        # transformed rows; the direct sums, with small weights, do not).
+        xb = x.copy()
+        big = np.finfo(dtype).max / 1.5
+        xb.flat[rng.integers(0, x.size, size=3)] = [np.nan, np.inf, -np.inf]
+        n, r, c = (int(rng.integers(0, v)) for v in (xs[0], xs[2], xs[3] - 1))
+        c -= (c + pad[1][0]) % 2 == 0 and c > 0  # at padded columns 2m + 1, 2m + 2: U1 = inf
+        xb[n, :, r, c:c + 2] = big
+        ws_small = np.abs(w) * 1e-3  # no cancellation of huge terms, in any order
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = ref.conv2d(xb.astype(np.float64), ws_small, b, geo["stride"], pad,
+                              geo["dilation"])
+            want = want.astype(dtype)  # float32's overflow where float64's sums pass its max
+        got = cypool.conv2d(xb, ws_small, b, **geo, num_threads=nt)
+        assert kernels.last_forward_path() == "winograd"
+        np.testing.assert_allclose(got, want, equal_nan=True, **tol(dtype))
+        wbad = w.copy()
+        wbad.flat[int(rng.integers(0, w.size))] = np.inf
+        with np.errstate(invalid="ignore"):
+            want = ref.conv2d(x.astype(np.float64), wbad, b, geo["stride"], pad, geo["dilation"])
+        got = cypool.conv2d(x, wbad, b, **geo, num_threads=nt)
+        assert kernels.last_forward_path() == "ovec"
+        np.testing.assert_allclose(got, want, equal_nan=True, **tol(dtype))
+    finally:
+        for m in mods:
+            m.set_ovec(1)
+            m.set_wino(1)
             m.set_ov_band(128 * 1024)
 
 
@@ -239,7 +324,8 @@ def test_forward_with_output_channels_in_the_lanes(rng, trial):
     ((64, 6, 14, 14), 16, 5, 1, 0, "ovec"),    # LeNet's second convolution
     ((4, 16, 13, 13), 32, 4, 2, 0, "ovec"),    # a small verification network's strided layer
     ((3, 32, 6, 6), 64, 3, 1, 1, "ovec"),
-    ((2, 32, 28, 28), 128, 3, 1, 1, "ovec"),   # 2 columns of 30 dropped, but 288 taps
+    ((2, 32, 28, 28), 128, 3, 1, 1, "winograd"),  # 2 columns of 30 dropped, but 288 taps
+    ((2, 64, 7, 7), 128, 3, 1, 1, "ovec"),     # rows of 7: too short for F(2, 3)
     ((8, 8, 28, 28), 8, 3, 1, 1, "virtual"),   # 2 columns of 30 dropped
     ((1, 3, 64, 64), 64, 7, 2, 3, "virtual"),  # a stem: 3 of 35 columns dropped, 147 taps
     ((4, 6, 14, 14), 12, 5, 1, 0, "virtual"),  # channels that fill no whole vector
@@ -249,8 +335,9 @@ def test_forward_takes_output_channels_in_the_lanes_where_it_pays(rng, shape, O,
     # The rule (_takes_ovec): rows that drop a quarter or more of the
     # virtual output's columns, or 256 taps or more, with channels that
     # fill pairs of vectors take it in every build; few dropped columns
-    # and few taps, or partly filled vectors, do not. Against the
-    # reference.
+    # and few taps, or partly filled vectors, do not. Rows three taps wide
+    # and 13 or more outputs long, of 16 (channel, kernel row) pairs or
+    # more, run by F(2, 3). Against the reference.
     from cypool import _backend
     if not _backend.kernels.OVEC_TILES:
         pytest.skip("a build without gcc's vector types never takes it")

@@ -18,7 +18,7 @@ from cypool import _backend
 ROOT = Path(__file__).resolve().parents[1]
 HEADER_DIR = ROOT / "cypool" / "_kernels"
 SOURCES = {"vconv_tiles": "_conv_tiles.h", "conv_direct": "_conv_direct.h",  # test: header
-           "conv_ovec": "_conv_ovec.h",
+           "conv_ovec": "_conv_ovec.h", "conv_winograd": "_conv_winograd.h",
            "tap_major": "_tap_major.h"}
 
 # (name, extra flags, CPU feature needed to run it): gcc lowers the 64-byte

@@ -200,6 +200,9 @@ cdef struct ConvJob:
     bint ovec                 # output channels in the lanes (_conv_ovec.h): p unsplit, items are (image, G rows of ce)
     Py_ssize_t ovs_h, ovs_w   # with ovec: the stride
     Py_ssize_t ovb            # with ovec: output rows a band (p's Aq rows the padded rows they read)
+    bint wino                 # with ovec: by F(2, 3) along the rows (_conv_winograd.h)
+    Py_ssize_t K1, P          # with wino: taps (c, i); pairs of outputs a row
+    const Py_ssize_t* offw    # with wino: where tap (c, i) of pair 0 is in a transformed band
     bint in_place             # the phase buffer would be the image itself: read x in place
     Py_ssize_t in_place_spill # read in place, images before this one have the next image after them
     const Py_ssize_t* off     # tap offsets in the phase buffer
@@ -281,8 +284,8 @@ OVEC_TILES = bool(CYPOOL_OV_FAST)
 def last_forward_path():
     """Diagnostic for the tests: how the calling thread's last forward or
     stride-1 input gradient pass through the phase buffers ran ("virtual",
-    "grid" or "ovec"); each Python thread has its own."""
-    return ("virtual", "grid", "ovec")[cypool_conv_get_path()]
+    "grid", "ovec" or "winograd"); each Python thread has its own."""
+    return ("virtual", "grid", "ovec", "winograd")[cypool_conv_get_path()]
 
 
 cdef inline bint _takes_ovec(Py_ssize_t O, Py_ssize_t OW, Py_ssize_t Wq, Py_ssize_t sw,
@@ -313,6 +316,33 @@ cdef inline bint _takes_ovec(Py_ssize_t O, Py_ssize_t OW, Py_ssize_t Wq, Py_ssiz
     return CYPOOL_OV_FAST and O % (2 * L) == 0 and ((Wq - OW) * 4 >= Wq or K >= 256)
 
 
+# Whether the forward with output channels in the lanes runs rows three
+# taps wide by F(2, 3) (_conv_winograd.h): 1 where that pays (_takes_wino),
+# the default; 0 never; 2 wherever it can.
+cdef int _wino_mode = 1
+
+
+def set_wino(int mode):
+    """Diagnostic for the tests and A/B runs: the forward with output
+    channels in the lanes runs rows three taps wide by F(2, 3) where that
+    pays (1, the default), never (0) or wherever it can (2). Not
+    thread-safe; not for use."""
+    global _wino_mode
+    _wino_mode = mode
+
+
+cdef inline bint _takes_wino(Py_ssize_t K1, Py_ssize_t O, Py_ssize_t OW) noexcept nogil:
+    """Whether a forward in the lanes with K1 taps (c, i) of three, O
+    output channels and rows of OW outputs runs by F(2, 3)."""
+    if _wino_mode != 1:
+        return _wino_mode == 2
+    # Measured both ways on the AVX-512 host (docs/performance.md, "F(2, 3)
+    # along the rows"): 0.77-0.94x the time of the lanes' direct sums on
+    # 3x3 layers of 32-256 input channels and rows of 14-112 outputs, but
+    # 1.08x on 7-wide rows, whose four pairs make narrow tiles.
+    return CYPOOL_OV_FAST and K1 >= 16 and OW >= 13
+
+
 cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
                      Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
                      Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t grid_unit) noexcept nogil:
@@ -337,6 +367,8 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
                             and (OW % grid_unit == 0 or OW >= 3 * grid_unit)
                             and (j.p.Wq - OW) * O >= 8 * j.p.Wq))
     j.ovec = False
+    j.wino = False
+    j.offw = NULL
     j.L = OH * OW if j.grid else (OH - 1) * j.p.Wq + OW
     j.G = (j.L + ce - 1) // ce
     j.off = off
@@ -349,6 +381,7 @@ cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
 
 cdef inline void _job_free(ConvJob* j) noexcept nogil:
     free(<void*>j.off)
+    free(<void*>j.offw)
 
 
 cdef extern from "_conv_ovec.h" nogil:
@@ -369,6 +402,48 @@ cdef extern from "_conv_ovec.h" nogil:
                             Py_ssize_t pf_bytes, Py_ssize_t pf_stride, Py_ssize_t pf_n)
     void cypool_ov_block_f32(const float* wt, Py_ssize_t K, Py_ssize_t Op, float* wb)
     void cypool_ov_block_f64(const double* wt, Py_ssize_t K, Py_ssize_t Op, double* wb)
+
+
+cdef extern from "_conv_winograd.h" nogil:
+    Py_ssize_t CYPOOL_WG_SCRATCH(Py_ssize_t Op, Py_ssize_t OW)
+    int cypool_wg_weights_f32(const float* wt, Py_ssize_t K1, Py_ssize_t Op, float* g)
+    int cypool_wg_weights_f64(const double* wt, Py_ssize_t K1, Py_ssize_t Op, double* g)
+    void cypool_wg_input_f32(const float* xb, Py_ssize_t C, Py_ssize_t R, Py_ssize_t Wq,
+                             Py_ssize_t P, float* u)
+    void cypool_wg_input_f64(const double* xb, Py_ssize_t C, Py_ssize_t R, Py_ssize_t Wq,
+                             Py_ssize_t P, double* u)
+    void cypool_wg_rows_f32(const float* u, Py_ssize_t ks, const Py_ssize_t* offw, Py_ssize_t K1,
+                            const float* g, Py_ssize_t rstep_u, const float* img,
+                            const Py_ssize_t* off, Py_ssize_t K, const float* w, Py_ssize_t Op,
+                            Py_ssize_t O, Py_ssize_t oy0, Py_ssize_t oy1, Py_ssize_t OW,
+                            Py_ssize_t rstep, const float* bias, float* s, float* out,
+                            Py_ssize_t so_c, Py_ssize_t so_h, Py_ssize_t so_w)
+    void cypool_wg_rows_f64(const double* u, Py_ssize_t ks, const Py_ssize_t* offw,
+                            Py_ssize_t K1, const double* g, Py_ssize_t rstep_u,
+                            const double* img, const Py_ssize_t* off, Py_ssize_t K,
+                            const double* w, Py_ssize_t Op, Py_ssize_t O, Py_ssize_t oy0,
+                            Py_ssize_t oy1, Py_ssize_t OW, Py_ssize_t rstep,
+                            const double* bias, double* s, double* out, Py_ssize_t so_c,
+                            Py_ssize_t so_h, Py_ssize_t so_w)
+
+
+cdef inline void _wg_band(const floating* buf, floating* u, const ConvJob* j,
+                          const floating* wt, const floating* g, Py_ssize_t nrows,
+                          const floating* bias, floating* s, floating* out, Py_ssize_t so_c,
+                          Py_ssize_t so_h, Py_ssize_t so_w) noexcept nogil:
+    """Output rows 0 .. nrows - 1 of the band of padded rows in buf, out
+    at the band's first row, by F(2, 3) (j.wino)."""
+    cdef Py_ssize_t ks = j.p.C * j.p.Aq * j.P
+    if floating is float:
+        cypool_wg_input_f32(buf, j.p.C, j.p.Aq, j.p.Wq, j.P, u)
+        cypool_wg_rows_f32(u, ks, j.offw, j.K1, g, j.ovs_h * j.P, buf, j.off, j.K, wt, j.Op,
+                           j.O, 0, nrows, j.OW, j.ovs_h * j.p.Wq, bias, s, out,
+                           so_c, so_h, so_w)
+    else:
+        cypool_wg_input_f64(buf, j.p.C, j.p.Aq, j.p.Wq, j.P, u)
+        cypool_wg_rows_f64(u, ks, j.offw, j.K1, g, j.ovs_h * j.P, buf, j.off, j.K, wt, j.Op,
+                           j.O, 0, nrows, j.OW, j.ovs_h * j.p.Wq, bias, s, out,
+                           so_c, so_h, so_w)
 
 
 cdef extern from "_omp_shim.h" nogil:
@@ -421,9 +496,9 @@ cdef inline void _copy_out(const floating* tmp, const ConvJob* j, floating[:, :,
             e = e_end
 
 
-cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* bias,
-                        floating[:, :, :, :] out, const ConvJob* j, Py_ssize_t Q,
-                        Py_ssize_t B, Team* team) noexcept nogil:
+cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const floating* g,
+                        const floating* bias, floating[:, :, :, :] out, const ConvJob* j,
+                        Py_ssize_t Q, Py_ssize_t B, Team* team) noexcept nogil:
     """Work items of a forward call, with buffers of this thread's own: all
     Q of them (team NULL), or those this thread claims B at a time from
     the call's team (_claim); 1 when out of memory. Item q is
@@ -442,14 +517,19 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     cdef Py_ssize_t eb = CYPOOL_VC_EB_F32 if floating is float else CYPOOL_VC_EB_F64
     cdef Py_ssize_t vt = eb // 6 if CYPOOL_VC_HALF_TAIL else eb // 3
     cdef floating* buf = <floating*>malloc((j.p.size + _SLACK) * sizeof(floating))
-    cdef floating* tmp = <floating*>malloc(j.Op * (CYPOOL_OV_LDS(j.OW) if j.ovec else j.ce)
-                                           * sizeof(floating))
+    cdef floating* tmp = <floating*>malloc(
+        (CYPOOL_WG_SCRATCH(j.Op, j.OW) if j.wino else
+         j.Op * (CYPOOL_OV_LDS(j.OW) if j.ovec else j.ce)) * sizeof(floating))
+    # With wino, the transformed band (cypool_wg_input).
+    cdef floating* u = <floating*>malloc((4 * j.p.C * j.p.Aq * j.P if j.wino else 1)
+                                         * sizeof(floating))
     cdef const floating** xs = <const floating**>malloc(j.K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(j.Op * sizeof(void*))
     cdef const floating** pp = _pack_new(j.K, <floating*>NULL)
     cdef floating* pack = _pack_rows(pp, j.K)
     cdef const floating* img = buf
-    cdef int failed = buf == NULL or tmp == NULL or xs == NULL or outs == NULL or pp == NULL
+    cdef int failed = (buf == NULL or tmp == NULL or xs == NULL or outs == NULL or pp == NULL
+                       or u == NULL)
     cdef bint nopack = _pack_mode == 2 or (_pack_mode == 1 and j.K > j.p.C)
     if not failed:
         for o in range(j.Op):
@@ -474,6 +554,10 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                     if j.in_place:
                         _ov_rows(img, j, wt, oy, oyb, bias, tmp, &out[n, 0, 0, 0], soc, soh, so,
                                  NULL, 0, 0, 0)
+                    elif j.wino:
+                        _fill_phases(x, n, &j.p, buf, oy * j.ovs_h)
+                        _wg_band(buf, u, j, wt, g, oyb - oy, bias, tmp, &out[n, 0, oy, 0],
+                                 soc, soh, so)
                     else:
                         _fill_phases(x, n, &j.p, buf, oy * j.ovs_h)
                         # The next band's source rows (the next image's first
@@ -509,6 +593,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
             q = _claim(team, Q, B, &qend) if team != NULL and q + 1 >= qend else q + 1
     free(buf)
     free(tmp)
+    free(u)
     free(xs)
     free(outs)
     free(pp)
@@ -537,15 +622,21 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef const floating* bptr = &bias[0] if bias.shape[0] > 0 else NULL
     cdef floating* wt
     cdef floating* wb
+    cdef floating* wg = NULL
+    cdef Py_ssize_t c, i
     cdef Team team
     cdef int[1] failed
     cdef int* fail = &failed[0]
     cdef Py_ssize_t N = x.shape[0], OH = out.shape[2], L = CYPOOL_VC_VBYTES // sizeof(floating), g
     cdef bint ovec = _takes_ovec(O, out.shape[3], (Wp + sw - 1) // sw, sw, K, L)
+    # With output channels in the lanes, rows three taps wide at column
+    # stride and dilation 1 may run by F(2, 3) (_conv_winograd.h).
+    cdef bint wino = (ovec and kw == 3 and dw == 1 and sw == 1 and out.shape[3] >= 2
+                      and _takes_wino(x.shape[1] * kh, O, out.shape[3]))
     # An unpadded stride-1 convolution of C-contiguous images (or any with
-    # output channels in the lanes): the phase buffer would be a copy of
-    # each image, so the taps read x in place.
-    cdef bint in_place = (uh == 1 and uw == 1 and (ovec or (sh == 1 and sw == 1))
+    # output channels in the lanes, but by F(2, 3)): the phase buffer would
+    # be a copy of each image, so the taps read x in place.
+    cdef bint in_place = (uh == 1 and uw == 1 and (ovec or (sh == 1 and sw == 1)) and not wino
                           and plh == 0 and plw == 0 and Hp == x.shape[2] and Wp == x.shape[3]
                           and x.strides[3] == sizeof(floating)
                           and x.strides[2] == x.shape[3] * sizeof(floating)
@@ -574,6 +665,17 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
             j.ce = (OH + g - 1) // g
         j.L = OH
         j.G = (OH + j.ce - 1) // j.ce
+        if wino and not failed[0]:
+            j.K1 = x.shape[1] * kh
+            j.P = (out.shape[3] + 1) // 2
+            j.offw = <Py_ssize_t*>malloc(j.K1 * sizeof(Py_ssize_t))
+            if j.offw == NULL:
+                failed[0] = 1
+            else:
+                for c in range(x.shape[1]):
+                    for i in range(kh):
+                        (<Py_ssize_t*>j.offw)[c * kh + i] = (c * j.p.Aq + i * dh) * j.P
+                j.wino = True
     else:
         _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
         failed[0] = _job(&j, K, O, Op, OH, out.shape[3], ce, kh, kw, dh, dw,
@@ -584,6 +686,16 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     j.in_place_spill = (x.shape[0] - 1 if x.strides[0] == x.shape[1] * x.strides[1] else 0)
     wt = _tap_major(<const char*>&w[0, 0, 0, 0], &w.shape[0], &w.strides[0], transposed, Op,
                     <floating*>NULL)
+    if j.wino and wt != NULL:
+        # The transformed weights; where one is not finite, the direct way.
+        wg = <floating*>malloc(4 * j.K1 * Op * sizeof(floating))
+        if wg == NULL:
+            failed[0] = 1
+        elif ((cypool_wg_weights_f32(wt, j.K1, Op, wg) if floating is float
+               else cypool_wg_weights_f64(wt, j.K1, Op, wg))):
+            free(wg)
+            wg = NULL
+            j.wino = False
     if j.ovec and wt != NULL:
         wb = <floating*>malloc(K * Op * sizeof(floating))
         if wb != NULL:
@@ -594,7 +706,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         free(wt)
         wt = wb
     Q = x.shape[0] * j.G
-    cypool_conv_set_path(2 if j.ovec else 1 if j.grid else 0)
+    cypool_conv_set_path(3 if j.wino else 2 if j.ovec else 1 if j.grid else 0)
     # Claims of whole images where there are four or more a thread (about
     # eight claims a thread): a thread then fills an image's phase buffer
     # once for all its chunks. Claimed one chunk at a time, the threads
@@ -608,15 +720,16 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         if num_threads == 1:
             _set_serial_team()
             with nogil:
-                failed[0] = _forward_items(x, wt, bptr, out, &j, Q, Q, NULL)
+                failed[0] = _forward_items(x, wt, wg, bptr, out, &j, Q, Q, NULL)
         else:
             _team_begin(&team)
             with nogil, parallel(num_threads=num_threads):
                 _note_team()
-                if _forward_items(x, wt, bptr, out, &j, Q, B, &team):
+                if _forward_items(x, wt, wg, bptr, out, &j, Q, B, &team):
                     fail[0] = 1
             _team_end(&team)
     _job_free(&j)
     free(wt)
+    free(wg)
     if failed[0] or wt == NULL:
         raise MemoryError("cypool.conv2d: out of memory")

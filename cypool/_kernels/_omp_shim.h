@@ -35,7 +35,8 @@ static inline int cypool_get_last_team(void) { return cypool_last_team; }
 
 /* How the calling thread's last standard forward pass ran, for tests
  * (last_forward_path, _conv.pxi): 0 the virtual output, 1 the grid, 2
- * output channels in the lanes (_conv_ovec.h). */
+ * output channels in the lanes (_conv_ovec.h), 3 those by F(2, 3)
+ * (_conv_winograd.h). */
 static CYPOOL_THREAD_LOCAL int cypool_conv_last_path = 0;
 static inline void cypool_conv_set_path(int p) { cypool_conv_last_path = p; }
 static inline int cypool_conv_get_path(void) { return cypool_conv_last_path; }
