@@ -324,7 +324,7 @@ def test_forward_by_f23_along_the_rows(rng, trial):
     ((64, 6, 14, 14), 16, 5, 1, 0, "ovec"),    # LeNet's second convolution
     ((4, 16, 13, 13), 32, 4, 2, 0, "ovec"),    # a small verification network's strided layer
     ((3, 32, 6, 6), 64, 3, 1, 1, "ovec"),
-    ((2, 32, 28, 28), 128, 3, 1, 1, "winograd"),  # 2 columns of 30 dropped, but 288 taps
+    ((2, 64, 28, 28), 128, 3, 1, 1, "winograd"),  # 2 columns of 30 dropped, but 576 taps
     ((2, 64, 7, 7), 128, 3, 1, 1, "ovec"),     # rows of 7: too short for F(2, 3)
     ((8, 8, 28, 28), 8, 3, 1, 1, "virtual"),   # 2 columns of 30 dropped
     ((1, 3, 64, 64), 64, 7, 2, 3, "virtual"),  # a stem: 3 of 35 columns dropped, 147 taps
@@ -337,7 +337,7 @@ def test_forward_takes_output_channels_in_the_lanes_where_it_pays(rng, shape, O,
     # fill pairs of vectors take it in every build; few dropped columns
     # and few taps, or partly filled vectors, do not. Rows three taps wide
     # and 13 or more outputs long, of 16 (channel, kernel row) pairs or
-    # more, run by F(2, 3). Against the reference.
+    # more, run by F(2, 3) (28 and 128 with AVX2). Against the reference.
     from cypool import _backend
     if not _backend.kernels.OVEC_TILES:
         pytest.skip("a build without gcc's vector types never takes it")

@@ -337,9 +337,15 @@ cdef inline bint _takes_wino(Py_ssize_t K1, Py_ssize_t O, Py_ssize_t OW) noexcep
     if _wino_mode != 1:
         return _wino_mode == 2
     # Measured both ways on the AVX-512 host (docs/performance.md, "F(2, 3)
-    # along the rows"): 0.77-0.94x the time of the lanes' direct sums on
-    # 3x3 layers of 32-256 input channels and rows of 14-112 outputs, but
-    # 1.08x on 7-wide rows, whose four pairs make narrow tiles.
+    # along the rows"): with the AVX-512 module, 0.77-0.94x the time of the
+    # lanes' direct sums on 3x3 layers of 32-256 input channels and rows of
+    # 14-112 outputs, but 1.08x on 7-wide rows, whose four pairs make
+    # narrow tiles; with SSE2, 0.72-0.77x. The AVX2 module's narrower tiles
+    # (6 x 2) gained less: 0.85x on 56-wide rows of 192 pairs (c, i),
+    # 0.96-0.98x on 14-28-wide rows, and lost on the 32-wide rows of 96
+    # pairs (1.06x).
+    if CYPOOL_VC_VBYTES == 32:
+        return CYPOOL_OV_FAST and K1 >= 128 and OW >= 28
     return CYPOOL_OV_FAST and K1 >= 16 and OW >= 13
 
 
