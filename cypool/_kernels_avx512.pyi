@@ -10,6 +10,7 @@ from cypool._kernels_baseline import set_grid as set_grid
 from cypool._kernels_baseline import set_pack_mode as set_pack_mode
 from cypool._kernels_baseline import set_ovec as set_ovec
 from cypool._kernels_baseline import set_ov_band as set_ov_band
+from cypool._kernels_baseline import set_wino as set_wino
 from cypool._kernels_baseline import OVEC_TILES as OVEC_TILES
 from cypool._kernels_baseline import last_forward_path as last_forward_path
 from cypool._kernels_baseline import crowded as crowded
