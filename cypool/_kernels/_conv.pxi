@@ -199,7 +199,7 @@ cdef struct ConvJob:
     bint grid                 # the real positions only (cypool_vc_grid), else the virtual output
     bint ovec                 # output channels in the lanes (_conv_ovec.h): p unsplit, items are (image, G rows of ce)
     Py_ssize_t ovs_h, ovs_w   # with ovec: the stride
-    Py_ssize_t ovb            # with ovec: output rows a band (p's Aq rows the padded rows they read)
+    Py_ssize_t ovb            # with ovec: output rows a band (p.Aq: the padded rows they read)
     bint wino                 # with ovec: by F(2, 3) along the rows (_conv_winograd.h)
     Py_ssize_t K1, P          # with wino: taps (c, i); pairs of outputs a row
     const Py_ssize_t* offw    # with wino: where tap (c, i) of pair 0 is in a transformed band
@@ -331,9 +331,9 @@ def set_wino(int mode):
     _wino_mode = mode
 
 
-cdef inline bint _takes_wino(Py_ssize_t K1, Py_ssize_t O, Py_ssize_t OW) noexcept nogil:
-    """Whether a forward in the lanes with K1 taps (c, i) of three, O
-    output channels and rows of OW outputs runs by F(2, 3)."""
+cdef inline bint _takes_wino(Py_ssize_t K1, Py_ssize_t OW) noexcept nogil:
+    """Whether a forward in the lanes with K1 taps (c, i) of three and
+    rows of OW outputs runs by F(2, 3)."""
     if _wino_mode != 1:
         return _wino_mode == 2
     # Measured both ways on the AVX-512 host (docs/performance.md, "F(2, 3)
@@ -558,8 +558,8 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                 while oy < e_lo + ne:
                     oyb = min(e_lo + ne, oy + j.ovb)
                     if j.in_place:
-                        _ov_rows(img, j, wt, oy, oyb, bias, tmp, &out[n, 0, 0, 0], soc, soh, so,
-                                 NULL, 0, 0, 0)
+                        _ov_rows(img, j, wt, oy, oyb, bias, tmp, &out[n, 0, 0, 0], soc, soh,
+                                 so, NULL, 0, 0, 0)
                     elif j.wino:
                         _fill_phases(x, n, &j.p, buf, oy * j.ovs_h)
                         _wg_band(buf, u, j, wt, g, oyb - oy, bias, tmp, &out[n, 0, oy, 0],
@@ -573,10 +573,11 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
                             h_lo = max(0, (oyb if oyb < j.OH else 0) * j.ovs_h - j.p.plh)
                             h_hi = min(j.p.H, h_lo + j.p.Aq)
                             if h_lo < h_hi:
-                                pf = <const char*>&x[n if oyb < j.OH else n + 1, 0, h_lo, 0]
+                                pf = <const char*>&x[n if oyb < j.OH else n + 1, 0, h_lo,
+                                                     0]
                                 pf_bytes = (h_hi - h_lo) * x.strides[2]
-                        _ov_rows(buf, j, wt, 0, oyb - oy, bias, tmp, &out[n, 0, oy, 0], soc, soh, so,
-                                 pf, pf_bytes, x.strides[1], j.p.C)
+                        _ov_rows(buf, j, wt, 0, oyb - oy, bias, tmp, &out[n, 0, oy, 0], soc,
+                                 soh, so, pf, pf_bytes, x.strides[1], j.p.C)
                     oy = oyb
             elif j.grid:
                 for t in range(j.K):
@@ -638,7 +639,7 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     # With output channels in the lanes, rows three taps wide at column
     # stride and dilation 1 may run by F(2, 3) (_conv_winograd.h).
     cdef bint wino = (ovec and kw == 3 and dw == 1 and sw == 1 and out.shape[3] >= 2
-                      and _takes_wino(x.shape[1] * kh, O, out.shape[3]))
+                      and _takes_wino(x.shape[1] * kh, out.shape[3]))
     # An unpadded stride-1 convolution of C-contiguous images (or any with
     # output channels in the lanes, but by F(2, 3)): the phase buffer would
     # be a copy of each image, so the taps read x in place.
@@ -657,8 +658,8 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         j.ovb = OH
         if not in_place:
             g = (kh - 1) * dh + 1  # padded rows an output row reads
-            j.ovb = max(1, min(OH, (_ov_band // (x.shape[1] * j.p.Wq * <Py_ssize_t>sizeof(floating))
-                                    - g) // sh + 1))
+            j.ovb = _ov_band // (x.shape[1] * j.p.Wq * <Py_ssize_t>sizeof(floating))  # rows
+            j.ovb = max(1, min(OH, (j.ovb - g) // sh + 1))
             j.p.Aq = (j.ovb - 1) * sh + g
             j.p.plane = j.p.Aq * j.p.Wq
             j.p.size = x.shape[1] * j.p.plane
