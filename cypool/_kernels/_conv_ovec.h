@@ -173,13 +173,34 @@ static inline void cypool_ov_prefetch(const char *pf, ptrdiff_t nbytes, ptrdiff_
  * its pf_n pieces, a share each. */
 #define CYPOOL_OV_DEFINE(T, SUF)                                                     \
 CYPOOL_OV_TILE_DEFINE(T, SUF)                                                        \
+/* One row of n positions (sw apart in the input, from xr) by all Op       \
+ * channels, in tiles: channel o of position x to s[o * lds + x]. */        \
+static void cypool_ov_row_##SUF(ptrdiff_t n, ptrdiff_t sw, ptrdiff_t K, const T *xr, \
+        const ptrdiff_t *off, const T *w, ptrdiff_t Op, T *s, ptrdiff_t lds)         \
+{                                                                                    \
+    const ptrdiff_t L = CYPOOL_VC_VBYTES / (ptrdiff_t)sizeof(T);                     \
+    for (ptrdiff_t ob = 0; ob < Op;) {                                               \
+        const ptrdiff_t nv = Op - ob >= 2 * L ? 2 : 1;                               \
+        const ptrdiff_t xmax = nv == 2 ? CYPOOL_OV_XMAX2 : CYPOOL_OV_XMAX1;          \
+        const ptrdiff_t pieces = (n + xmax - 1) / xmax;                              \
+        ptrdiff_t x0 = 0;                                                            \
+        for (ptrdiff_t pc = 0; pc < pieces; pc++) {                                  \
+            /* pieces of nearly equal width, none wider than xmax */                 \
+            const ptrdiff_t X = (n - x0) / (pieces - pc);                            \
+            cypool_ov_tile_##SUF(X, nv, sw, K, xr + x0 * sw, off, w + ob * K,        \
+                                 s + ob * lds + x0, lds);                            \
+            x0 += X;                                                                 \
+        }                                                                            \
+        ob += nv * L;                                                                \
+    }                                                                                \
+}                                                                                    \
+                                                                                     \
 static void cypool_ov_rows_##SUF(const T *img, const ptrdiff_t *off, ptrdiff_t K,   \
         const T *w, ptrdiff_t Op, ptrdiff_t O, ptrdiff_t oy0, ptrdiff_t oy1,         \
         ptrdiff_t OW, ptrdiff_t rstep, ptrdiff_t sw, const T *bias, T *s, T *out,    \
         ptrdiff_t so_c, ptrdiff_t so_h, ptrdiff_t so_w, const char *pf,              \
         ptrdiff_t pf_bytes, ptrdiff_t pf_stride, ptrdiff_t pf_n)                     \
 {                                                                                    \
-    const ptrdiff_t L = CYPOOL_VC_VBYTES / (ptrdiff_t)sizeof(T);                     \
     const ptrdiff_t lds = CYPOOL_OV_LDS(OW);                                         \
     for (ptrdiff_t oy = oy0; oy < oy1; oy++) {                                       \
         const T *xr = img + oy * rstep;                                              \
@@ -187,20 +208,7 @@ static void cypool_ov_rows_##SUF(const T *img, const ptrdiff_t *off, ptrdiff_t K
             cypool_ov_prefetch(pf, pf_bytes, pf_stride,                              \
                                pf_n * (oy - oy0) / (oy1 - oy0),                      \
                                pf_n * (oy - oy0 + 1) / (oy1 - oy0));                 \
-        for (ptrdiff_t ob = 0; ob < Op;) {                                           \
-            const ptrdiff_t nv = Op - ob >= 2 * L ? 2 : 1;                           \
-            const ptrdiff_t xmax = nv == 2 ? CYPOOL_OV_XMAX2 : CYPOOL_OV_XMAX1;      \
-            const ptrdiff_t pieces = (OW + xmax - 1) / xmax;                         \
-            ptrdiff_t x0 = 0;                                                        \
-            for (ptrdiff_t pc = 0; pc < pieces; pc++) {                              \
-                /* pieces of nearly equal width, none wider than xmax */             \
-                const ptrdiff_t X = (OW - x0) / (pieces - pc);                       \
-                cypool_ov_tile_##SUF(X, nv, sw, K, xr + x0 * sw, off, w + ob * K,    \
-                                     s + ob * lds + x0, lds);                        \
-                x0 += X;                                                             \
-            }                                                                        \
-            ob += nv * L;                                                            \
-        }                                                                            \
+        cypool_ov_row_##SUF(OW, sw, K, xr, off, w, Op, s, lds);                      \
         for (ptrdiff_t o = 0; o < O; o++) {                                          \
             const T b = bias ? bias[o] : (T)0;                                       \
             const T *src = s + o * lds;                                              \

@@ -145,25 +145,11 @@ static void cypool_wg_rows_##SUF(const T *u, ptrdiff_t ks, const ptrdiff_t *offw
         ptrdiff_t oy0, ptrdiff_t oy1, ptrdiff_t OW, ptrdiff_t rstep, const T *bias,  \
         T *s, T *out, ptrdiff_t so_c, ptrdiff_t so_h, ptrdiff_t so_w)                \
 {                                                                                    \
-    const ptrdiff_t L = CYPOOL_VC_VBYTES / (ptrdiff_t)sizeof(T);                     \
     const ptrdiff_t P = (OW + 1) / 2, lds = CYPOOL_OV_LDS(P), ms = Op * lds;         \
     for (ptrdiff_t oy = oy0; oy < oy1; oy++) {                                       \
         for (ptrdiff_t k = 0; k < 4; k++) {                                          \
-            const T *ur = u + k * ks + oy * rstep_u;                                 \
-            const T *gk = g + k * K1 * Op;                                           \
-            for (ptrdiff_t ob = 0; ob < Op;) {                                       \
-                const ptrdiff_t nv = Op - ob >= 2 * L ? 2 : 1;                       \
-                const ptrdiff_t xmax = nv == 2 ? CYPOOL_OV_XMAX2 : CYPOOL_OV_XMAX1;  \
-                const ptrdiff_t pieces = (P + xmax - 1) / xmax;                      \
-                ptrdiff_t x0 = 0;                                                    \
-                for (ptrdiff_t pc = 0; pc < pieces; pc++) {                          \
-                    const ptrdiff_t X = (P - x0) / (pieces - pc);                    \
-                    cypool_ov_tile_##SUF(X, nv, 1, K1, ur + x0, offw, gk + ob * K1,  \
-                                         s + k * ms + ob * lds + x0, lds);           \
-                    x0 += X;                                                         \
-                }                                                                    \
-                ob += nv * L;                                                        \
-            }                                                                        \
+            cypool_ov_row_##SUF(P, 1, K1, u + k * ks + oy * rstep_u, offw,           \
+                                g + k * K1 * Op, Op, s + k * ms, lds);               \
         }                                                                            \
         if (cypool_wg_out_##SUF(s, lds, ms, O, OW, bias, out + oy * so_h, so_c,      \
                                 so_w))                                               \
