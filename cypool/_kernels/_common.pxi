@@ -227,14 +227,17 @@ def team_counts():
     """Diagnostic: this module's thread team so far, as a dict of regions
     opened on it, thread numbers its team threads ran, thread numbers the
     calling thread ran in place of a late team thread, the calling
-    thread's sleeps waiting for team threads at a region's end, and team
-    threads' moves off the calling thread's CPU. None where the parallel
-    blocks run on libgomp's team (_team.h)."""
-    cdef uint64_t[5] c
+    thread's sleeps waiting for team threads at a region's end, team
+    threads' moves off the calling thread's CPU, and team threads the
+    calling thread moved onto its own CPU at a region's end, found
+    preempted in the middle of their work. None where the parallel blocks
+    run on libgomp's team (_team.h)."""
+    cdef uint64_t[6] c
     if not CYPOOL_OWN_TEAM:
         return None
     cypool_team_counts(&c[0])
-    return {"regions": c[0], "joined": c[1], "stolen": c[2], "slept": c[3], "moved": c[4]}
+    return {"regions": c[0], "joined": c[1], "stolen": c[2], "slept": c[3], "moved": c[4],
+            "pulled": c[5]}
 
 
 def openmp_info():

@@ -32,6 +32,7 @@
 #define CYPOOL_TEAM_H
 
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #if defined(_OPENMP) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) \
@@ -57,6 +58,16 @@
  * team; with 2 ms, the same; docs/performance.md). */
 #define CYPOOL_TEAM_SPIN_NS 200000
 #define CYPOOL_TEAM_WAIT_SPIN_NS 2000000
+/* While it waits, the calling thread samples the CPU time of each team
+ * thread still running a thread number, this often: one that ran for less
+ * than a quarter of a sample has lost its CPU (cypool_team_wait). */
+#define CYPOOL_TEAM_SAMPLE_NS 50000
+/* Asleep at a region's end, the calling thread wakes this often to sample
+ * them: a team thread preempted after the first CYPOOL_TEAM_WAIT_SPIN_NS
+ * holds the call for a nap, not for the rest of a time slice. */
+#define CYPOOL_TEAM_NAP_NS 1000000
+/* Team threads watched that way: the first this many. */
+#define CYPOOL_TEAM_WATCHED 64
 /* Thread numbers of a region are 12-bit fields of the region word. */
 #define CYPOOL_TEAM_MAX 4095
 
@@ -72,6 +83,17 @@
 #define CYPOOL_RUN_ONE ((uint64_t)1 << 12)
 #define CYPOOL_FIELD(w, shift) ((unsigned)(((w) >> (shift)) & 0xfff))
 
+/* A watched team thread, as the calling thread sees it. */
+typedef struct {
+    pid_t tid;
+    clockid_t clock;      /* its CPU-time clock */
+    int ready;            /* tid and clock are set */
+    int running;          /* it runs a thread number of the open region */
+    int pulled;           /* the calling thread moved it onto its own CPU
+                           * in this region; cleared by the team thread */
+    cpu_set_t home;       /* its affinity mask, read as it started */
+} cypool_member_t;
+
 typedef struct {
     void (*fn)(void*);
     void* data;
@@ -83,13 +105,16 @@ typedef struct {
     int caller_waits;     /* the calling thread sleeps on done */
     int busy;             /* a region is open */
     int threads;          /* team threads started */
+    int slots;            /* team threads that took their slot */
     int forked;           /* pthread_atfork handler installed */
     /* Counts for diagnostics (cypool_team_counts): regions opened on the
      * team, thread numbers team threads ran, thread numbers the calling
      * thread ran in a team thread's place, its sleeps at a region's end
-     * waiting for team threads, and team threads' moves off its CPU. */
-    uint64_t opened, joined, stolen, slept, moved;
+     * waiting for team threads, team threads' moves off its CPU, and the
+     * team threads it moved onto its CPU, found waiting for one. */
+    uint64_t opened, joined, stolen, slept, moved, pulled;
     int caller_cpu;       /* the CPU the calling thread opened the region on */
+    cypool_member_t member[CYPOOL_TEAM_WATCHED];
 } cypool_team_t;
 
 static cypool_team_t cypool_team;
@@ -163,6 +188,12 @@ static void cypool_futex_wait(uint32_t* word, uint32_t seen) {
     syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
 }
 
+/* The same, for at most ns. */
+static void cypool_futex_wait_for(uint32_t* word, uint32_t seen, long ns) {
+    struct timespec d = {0, ns};
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, seen, &d, NULL, 0);
+}
+
 static void cypool_futex_wake(uint32_t* word, int n) {
     syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
@@ -184,8 +215,9 @@ static void cypool_team_run(unsigned t, unsigned n) {
 
 /* A team thread: take thread numbers of the open region while there are
  * any; each taken one is counted running in the same compare-and-swap, so
- * the calling thread cannot end the region in between. */
-static void cypool_team_join(void) {
+ * the calling thread cannot end the region in between. me: its slot among
+ * the watched ones, or NULL. */
+static void cypool_team_join(cypool_member_t* me) {
     cypool_team_t* T = &cypool_team;
     uint64_t w = __atomic_load_n(&T->region, __ATOMIC_ACQUIRE);
     for (;;) {
@@ -196,7 +228,11 @@ static void cypool_team_join(void) {
                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             continue;
         cypool_team_move_off(__atomic_load_n(&T->caller_cpu, __ATOMIC_RELAXED));
+        if (me)
+            __atomic_store_n(&me->running, 1, __ATOMIC_SEQ_CST);
         cypool_team_run(next, n);
+        if (me)
+            __atomic_store_n(&me->running, 0, __ATOMIC_SEQ_CST);
         __atomic_add_fetch(&T->joined, 1, __ATOMIC_RELAXED);
         w = __atomic_sub_fetch(&T->region, CYPOOL_RUN_ONE, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&T->caller_waits, __ATOMIC_SEQ_CST)) {
@@ -209,12 +245,24 @@ static void cypool_team_join(void) {
 static void* cypool_team_thread(void* arg) {
     cypool_team_t* T = &cypool_team;
     uint32_t seen = (uint32_t)(uintptr_t)arg;
+    int slot = __atomic_fetch_add(&T->slots, 1, __ATOMIC_SEQ_CST);
+    cypool_member_t* me = slot < CYPOOL_TEAM_WATCHED ? &T->member[slot] : NULL;
     pthread_setname_np(pthread_self(), "cypool-team");
+    if (me) {
+        me->tid = (pid_t)syscall(SYS_gettid);
+        if (pthread_getcpuclockid(pthread_self(), &me->clock) == 0
+            && sched_getaffinity(0, sizeof me->home, &me->home) == 0)
+            __atomic_store_n(&me->ready, 1, __ATOMIC_RELEASE);
+    }
     for (;;) {
         int64_t until = 0;
         unsigned spins = 0;
+        /* Moved onto the calling thread's CPU to finish its last region,
+         * it sleeps at once rather than spin beside the calling thread. */
+        int rest = me && __atomic_exchange_n(&me->pulled, 0, __ATOMIC_SEQ_CST);
         while (__atomic_load_n(&T->wake, __ATOMIC_ACQUIRE) == seen) {
-            if (cypool_spin_over(&until, &spins, CYPOOL_TEAM_SPIN_NS)) {
+            if (rest || cypool_spin_over(&until, &spins, CYPOOL_TEAM_SPIN_NS)) {
+                rest = 0;
                 __atomic_add_fetch(&T->sleepers, 1, __ATOMIC_SEQ_CST);
                 if (__atomic_load_n(&T->wake, __ATOMIC_SEQ_CST) == seen)
                     cypool_futex_wait(&T->wake, seen);
@@ -223,7 +271,7 @@ static void* cypool_team_thread(void* arg) {
             }
         }
         seen = __atomic_load_n(&T->wake, __ATOMIC_ACQUIRE);
-        cypool_team_join();
+        cypool_team_join(me);
     }
     return NULL;
 }
@@ -231,6 +279,8 @@ static void* cypool_team_thread(void* arg) {
 /* A child process has none of its parent's team threads. */
 static void cypool_team_after_fork(void) {
     cypool_team.threads = 0;
+    cypool_team.slots = 0;
+    memset(cypool_team.member, 0, sizeof cypool_team.member);
     cypool_team.busy = 0;
     cypool_team.sleepers = 0;
     cypool_team.caller_waits = 0;
@@ -261,23 +311,97 @@ static int cypool_team_grow(int want) {
     return T->threads;
 }
 
+/* The calling thread's sleep until a team thread finishes a thread number
+ * of its region (or none is running any more), for at most
+ * CYPOOL_TEAM_NAP_NS: then it samples the team threads again. */
+static void cypool_team_sleep(void) {
+    cypool_team_t* T = &cypool_team;
+    uint32_t done = __atomic_load_n(&T->done, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&T->caller_waits, 1, __ATOMIC_SEQ_CST);
+    if (CYPOOL_FIELD(__atomic_load_n(&T->region, __ATOMIC_SEQ_CST), 12) != 0) {
+        __atomic_add_fetch(&T->slept, 1, __ATOMIC_RELAXED);
+        cypool_futex_wait_for(&T->done, done, CYPOOL_TEAM_NAP_NS);
+    }
+    __atomic_store_n(&T->caller_waits, 0, __ATOMIC_SEQ_CST);
+}
+
+/* One sample of the watched team threads' CPU time at now, against the
+ * last one (cpu[i] < 0: none yet). A team thread still running a thread
+ * number that ran for less than a quarter of the time since is waiting for
+ * a CPU: preempted in the middle of its work by another library's spinning
+ * thread, which shares its CPU. Then it is moved onto the calling thread's
+ * own CPU, which has nothing left to do and is about to sleep: its mask
+ * becomes that CPU alone (moved[i] = 1; cypool_team_wait puts the mask
+ * back). Whether one was moved. */
+static int cypool_team_sample(int64_t now, int64_t* last, int64_t* cpu, char* moved, int watched) {
+    cypool_team_t* T = &cypool_team;
+    int i, any = 0;
+    for (i = 0; i < watched; i++) {
+        cypool_member_t* m = &T->member[i];
+        struct timespec t;
+        int64_t c;
+        if (!__atomic_load_n(&m->ready, __ATOMIC_ACQUIRE) || !__atomic_load_n(&m->running, __ATOMIC_SEQ_CST)
+            || clock_gettime(m->clock, &t) != 0) {
+            cpu[i] = -1;
+            continue;
+        }
+        c = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+        if (cpu[i] >= 0 && !moved[i] && !any && (c - cpu[i]) * 4 < now - *last) {
+            int here = sched_getcpu();
+            cpu_set_t only;
+            CPU_ZERO(&only);
+            if (here >= 0 && here < CPU_SETSIZE) {
+                CPU_SET(here, &only);
+                if (sched_setaffinity(m->tid, sizeof only, &only) == 0) {
+                    __atomic_store_n(&m->pulled, 1, __ATOMIC_SEQ_CST);
+                    __atomic_add_fetch(&T->pulled, 1, __ATOMIC_RELAXED);
+                    moved[i] = 1;
+                    any = 1;
+                }
+            }
+        }
+        cpu[i] = c;
+    }
+    *last = now;
+    return any;
+}
+
 /* The calling thread's wait for team threads still running thread numbers
- * of its region: spin a while, then sleep until the last one finishes. */
+ * of its region: spin a while, then sleep until the last one finishes. A
+ * team thread that has lost its CPU meanwhile would hold the call for the
+ * rest of a scheduler time slice (4-8 ms): moved onto this thread's CPU,
+ * it runs as soon as this thread sleeps. */
 static void cypool_team_wait(void) {
     cypool_team_t* T = &cypool_team;
-    int64_t until = 0;
+    int64_t until = 0, sampled = 0, cpu[CYPOOL_TEAM_WATCHED];
+    char moved[CYPOOL_TEAM_WATCHED];
     unsigned spins = 0;
+    int i, watched = __atomic_load_n(&T->slots, __ATOMIC_ACQUIRE), any = 0;
+    if (watched > CYPOOL_TEAM_WATCHED)
+        watched = CYPOOL_TEAM_WATCHED;
+    for (i = 0; i < watched; i++) {
+        cpu[i] = -1;
+        moved[i] = 0;
+    }
     while (CYPOOL_FIELD(__atomic_load_n(&T->region, __ATOMIC_ACQUIRE), 12) != 0) {
-        if (cypool_spin_over(&until, &spins, CYPOOL_TEAM_WAIT_SPIN_NS)) {
-            uint32_t done = __atomic_load_n(&T->done, __ATOMIC_SEQ_CST);
-            __atomic_store_n(&T->caller_waits, 1, __ATOMIC_SEQ_CST);
-            if (CYPOOL_FIELD(__atomic_load_n(&T->region, __ATOMIC_SEQ_CST), 12) != 0) {
-                __atomic_add_fetch(&T->slept, 1, __ATOMIC_RELAXED);
-                cypool_futex_wait(&T->done, done);
-            }
-            __atomic_store_n(&T->caller_waits, 0, __ATOMIC_SEQ_CST);
+        int64_t now;
+        cypool_team_relax();
+        if (++spins % 64)
+            continue;
+        now = cypool_team_now();
+        if (until == 0)
+            until = now + CYPOOL_TEAM_WAIT_SPIN_NS;
+        if (now - sampled >= CYPOOL_TEAM_SAMPLE_NS && cypool_team_sample(now, &sampled, cpu, moved, watched)) {
+            any = 1;
+            cypool_team_sleep();
+        } else if (now > until) {
+            cypool_team_sleep();
+            spins = 0; /* the next sample within 64 turns */
         }
     }
+    for (i = 0; any && i < watched; i++)
+        if (moved[i])
+            sched_setaffinity(T->member[i].tid, sizeof T->member[i].home, &T->member[i].home);
 }
 
 CYPOOL_HIDDEN void GOMP_parallel(void (*fn)(void*), void* data, unsigned n, unsigned flags) {
@@ -333,17 +457,18 @@ CYPOOL_HIDDEN void GOMP_parallel(void (*fn)(void*), void* data, unsigned n, unsi
     __atomic_store_n(&T->busy, 0, __ATOMIC_RELEASE);
 }
 
-/* The counts above, into c[5] (zeros where the team is libgomp's). */
+/* The counts above, into c[6] (zeros where the team is libgomp's). */
 static inline void cypool_team_counts(uint64_t* c) {
     c[0] = __atomic_load_n(&cypool_team.opened, __ATOMIC_RELAXED);
     c[1] = __atomic_load_n(&cypool_team.joined, __ATOMIC_RELAXED);
     c[2] = __atomic_load_n(&cypool_team.stolen, __ATOMIC_RELAXED);
     c[3] = __atomic_load_n(&cypool_team.slept, __ATOMIC_RELAXED);
     c[4] = __atomic_load_n(&cypool_team.moved, __ATOMIC_RELAXED);
+    c[5] = __atomic_load_n(&cypool_team.pulled, __ATOMIC_RELAXED);
 }
 
 #else
 #define CYPOOL_OWN_TEAM 0
-static inline void cypool_team_counts(uint64_t* c) { c[0] = c[1] = c[2] = c[3] = c[4] = 0; }
+static inline void cypool_team_counts(uint64_t* c) { c[0] = c[1] = c[2] = c[3] = c[4] = c[5] = 0; }
 #endif
 #endif

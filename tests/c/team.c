@@ -3,7 +3,8 @@
  * region runs exactly once, with omp_get_num_threads() the region's size,
  * and the region returns only after all of them finished. And what it is
  * for: a team thread that cannot run does not hold the region's end, its
- * thread number runs on the calling thread.
+ * thread number runs on the calling thread, and one preempted in the
+ * middle of its work moves onto the calling thread's CPU.
  *
  * Built with gcc -fopenmp -pthread, so that the `#pragma omp parallel`
  * blocks below call _team.h's GOMP_parallel as the kernels' blocks do.
@@ -11,6 +12,7 @@
 #define _GNU_SOURCE
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
@@ -151,6 +153,105 @@ static void test_late_thread_does_not_hold_the_region(void) {
     CHECK(found, "the team thread never took part again after the hold");
 }
 
+/* A team thread preempted in the middle of its work: it shares CPU a with
+ * a spinning thread (as it would with another library's spinning worker),
+ * the calling thread runs on CPU b and has no work left. The calling
+ * thread moves it onto CPU b, where it runs alone: its 30 ms of work take
+ * about 30 ms, not the 60 ms of half a CPU. */
+static int hog_stop;
+static int hog_cpu, caller_cpu_for_test;
+
+static void pin(pid_t tid, int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    sched_setaffinity(tid, sizeof one, &one);
+}
+
+static void* hog(void* arg) {
+    (void)arg;
+    pin(0, hog_cpu);
+    while (!__atomic_load_n(&hog_stop, __ATOMIC_RELAXED))
+        cypool_team_relax();
+    return NULL;
+}
+
+static int64_t thread_cpu_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void test_preempted_thread_moves_to_the_calling_cpu(void) {
+    pthread_t self = pthread_self(), h;
+    cpu_set_t mine;
+    uint64_t c0[6], c1[6];
+    int64_t took = 0;
+    int tries;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) < 2) {
+        printf("team: preempted-thread check skipped (needs 2 CPUs)\n");
+        return;
+    }
+    hog_cpu = -1;
+    caller_cpu_for_test = -1;
+    for (int c = 0; c < CPU_SETSIZE && caller_cpu_for_test < 0; c++)
+        if (CPU_ISSET(c, &mine)) {
+            if (hog_cpu < 0) hog_cpu = c;
+            else caller_cpu_for_test = c;
+        }
+    pin(0, caller_cpu_for_test);
+    __atomic_store_n(&hog_stop, 0, __ATOMIC_RELAXED);
+    pthread_create(&h, NULL, hog, NULL);
+    cypool_team_counts(c0);
+    for (tries = 0; tries < 20; tries++) {
+        int on_team = 0, pinned = 0;
+        int64_t t0 = cypool_team_now();
+#pragma omp parallel num_threads(2)
+        {
+            if (omp_get_thread_num() == 1 && !pthread_equal(pthread_self(), self)) {
+                on_team = 1;
+                pin(0, hog_cpu);
+                __atomic_store_n(&pinned, 1, __ATOMIC_SEQ_CST);
+                int64_t c = thread_cpu_ns();
+                while (thread_cpu_ns() - c < 30000000) {}
+            } else if (omp_get_thread_num() == 0) {
+                /* Until the team thread has pinned itself (a move before
+                 * that would be undone by its own pin). */
+                int64_t s = cypool_team_now();
+                while (!__atomic_load_n(&pinned, __ATOMIC_SEQ_CST) && cypool_team_now() - s < 100000000) {}
+                t0 = cypool_team_now();
+            }
+        }
+        took = cypool_team_now() - t0;
+        if (on_team)
+            break;
+    }
+    cypool_team_counts(c1);
+    __atomic_store_n(&hog_stop, 1, __ATOMIC_RELAXED);
+    pthread_join(h, NULL);
+    sched_setaffinity(0, sizeof mine, &mine);
+    CHECK(tries < 20, "no team thread took thread number 1 in 20 regions");
+    CHECK(c1[5] > c0[5], "the preempted team thread was not moved (pulled %llu)",
+          (unsigned long long)(c1[5] - c0[5]));
+    CHECK(took < 45000000, "30 ms of work on a shared CPU took %.1f ms", took / 1e6);
+    /* Its mask back to the process's for the checks that follow. */
+    for (tries = 0; tries < 200; tries++) {
+        int on_team = 0;
+#pragma omp parallel num_threads(2)
+        {
+            if (omp_get_thread_num() == 1 && !pthread_equal(pthread_self(), self)) {
+                sched_setaffinity(0, sizeof mine, &mine);
+                on_team = 1;
+            } else if (omp_get_thread_num() == 0) {
+                struct timespec d = {0, 1000000};
+                nanosleep(&d, NULL);
+            }
+        }
+        if (on_team)
+            break;
+    }
+}
+
 /* A child process has no team threads of its parent: its regions start
  * their own. */
 static void test_fork(void) {
@@ -173,6 +274,7 @@ static void test_fork(void) {
 int main(void) {
     /* First, while the team has one thread: it is the one held. */
     test_late_thread_does_not_hold_the_region();
+    test_preempted_thread_moves_to_the_calling_cpu();
     test_every_thread_number_once();
     test_concurrent_regions();
     test_fork();
