@@ -26,7 +26,8 @@ call, and as a multiple of the peer's steady state; the median over rounds
 of the first call after the pause alone (a program that calls a kernel
 now and then meets it at every call); the worst burst median after the
 pause (the report's script, whose stalls this condition reproduces); and
-the worst burst median of any condition. --static-ab adds cypool with its
+the worst burst median of any condition. A second table gives the same
+medians as milliseconds lost against the steady state. --static-ab adds cypool with its
 work split in equal static shares (the old threading), interleaved in the
 same rounds, to show what claiming blocks of work buys
 (docs/performance.md).
@@ -179,6 +180,21 @@ def report(rows) -> str:
     return "\n".join(lines)
 
 
+def report_lost(rows) -> str:
+    """The same medians as time lost against the peer's steady state: a
+    ratio makes a fixed cost (a CPU taken by another library's thread, a
+    cache refilled after a pause) look larger on a shorter kernel."""
+    head = "| operation | peer | " + " | ".join(CONDITIONS[1:] + [FIRST]) + " |"
+    lines = ["### Milliseconds lost against the steady state (median over rounds)", "", head,
+             "|" + "---|" * (len(CONDITIONS) + 2)]
+    for name, res in rows:
+        for p, conds in res.items():
+            st = statistics.median(conds["steady"])
+            cells = [f"{(statistics.median(conds[c]) - st) * 1e3:+.2f}" for c in CONDITIONS[1:] + [FIRST]]
+            lines.append(f"| {name} | {p} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     static_ab = "--static-ab" in argv
@@ -194,6 +210,8 @@ def main(argv=None):
         rows.append((name, measure(peers, rounds, a, rng)))
     print(f"{rounds} rounds of {BURST}-call bursts per condition and peer\n")
     print(report(rows))
+    print()
+    print(report_lost(rows))
 
 
 if __name__ == "__main__":

@@ -18,10 +18,11 @@
  * however little work is left for it. After another library's threads have
  * run, a team thread can wait a scheduler time slice (4-8 ms) for a CPU, and
  * the call waits with it (docs/performance.md, "Inside real programs"). Here
- * a late team thread's share runs on the calling thread instead; only a
- * team thread preempted in the middle of its share still holds the call.
- * The kernels claim their work a block at a time (_common.pxi, _claim), so
- * a late thread number finds none left.
+ * a late team thread's share runs on the calling thread instead, and a
+ * team thread preempted in the middle of its share moves onto the calling
+ * thread's CPU, idle by then (cypool_team_wait). The kernels claim their
+ * work a block at a time (_common.pxi, _claim), so a late thread number
+ * finds none left.
  *
  * One region runs at a time per module: a call that finds the team busy
  * (another Python thread's call, or a call from inside a region) runs its
