@@ -27,9 +27,9 @@ of the first call after the pause alone (a program that calls a kernel
 now and then meets it at every call); the worst burst median after the
 pause (the report's script, whose stalls this condition reproduces); and
 the worst burst median of any condition. A second table gives the same
-medians as milliseconds lost against the steady state. --static-ab adds cypool with its
-work split in equal static shares (the old threading), interleaved in the
-same rounds, to show what claiming blocks of work buys
+medians as milliseconds lost against the steady state. --static-ab adds
+cypool with its work split in equal static shares (the old threading),
+interleaved in the same rounds, to show what claiming blocks of work buys
 (docs/performance.md).
 """
 from __future__ import annotations
