@@ -21,7 +21,8 @@ from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d, max_unpool2d
 from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
 from .layers import (Conv2d, Flatten, GlobalMaxPool2d, Layer, Linear, MaxPool2d, MaxUnpool2d, ReLU,
-                     VectorConv2d, VectorFlatten, VectorLinear, VectorReLU)
+                     VectorAvgPool2d, VectorChannelAffine, VectorConv2d, VectorFlatten, VectorLinear,
+                     VectorReLU)
 from . import zonotope
 
 __version__ = "0.1.0"
@@ -49,6 +50,8 @@ __all__ = [
     "VectorLinear",
     "VectorReLU",
     "VectorFlatten",
+    "VectorChannelAffine",
+    "VectorAvgPool2d",
     "zonotope",
     "__version__",
 ]

@@ -18,6 +18,7 @@ numbers (docs/performance.md):
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -60,16 +61,29 @@ class Network:
             In order, each one of:
 
             * cypool's ``Conv2d``, ``Linear``, ``ReLU``, ``Flatten`` (or
-              their Vector counterparts);
-            * ``torch.nn.Conv2d`` (groups 1, zero padding), ``Linear``,
-              ``ReLU``, ``Flatten`` (nested ``Sequential`` too);
+              their Vector counterparts), ``VectorChannelAffine``,
+              ``VectorAvgPool2d``;
+            * a ``torch.nn.Sequential`` (nested, or a subclass that keeps
+              its ``forward``) of ``Conv2d`` (groups 1, zero padding),
+              ``Linear``, ``ReLU``, ``Flatten`` (start_dim 1, end_dim -1),
+              ``BatchNorm1d``/``BatchNorm2d`` (their running statistics,
+              as in eval mode), ``AvgPool2d`` and the no-ops ``Identity``
+              and ``Dropout`` (as in eval mode). Any other module (a
+              custom ``forward``, a residual block, a functional ReLU, a
+              forward hook) is refused with its path in the model: its
+              children in order need not be what it computes;
             * plain numpy weights: a dict ``{"weight": w, "bias": b}``,
               with ``stride``, ``padding``, ``dilation`` for a 4-D
-              (convolution) weight, a 2-D weight being a dense layer;
+              (convolution) weight, a 2-D weight being a dense layer; or
+              ``{"mean": m, "std": s}``, an input normalisation ``(x - m)
+              / s`` per channel;
             * the strings ``"relu"`` and ``"flatten"``.
 
             A dense layer right after a convolution (or its ReLU) gets the
-            flatten inserted, as torch's flatten order.
+            flatten inserted, as torch's flatten order, except in a torch
+            model, where torch's Linear would act on the last axis: there
+            it is refused. A batch norm or channel affine right after a
+            convolution or dense layer is folded into its weights.
         dtype : float64 (default) or float32
             The weights are copied in this dtype.
         num_threads : int or None
@@ -80,18 +94,32 @@ class Network:
         dt = chk.float_dtype_arg(dtype)
         chk.num_threads_arg(num_threads)
         if _is_torch(layers):
-            layers = list(_torch_leaves(layers))
-        elif not isinstance(layers, (list, tuple)):
+            items = list(_torch_leaves(layers, "layers"))
+        elif isinstance(layers, (list, tuple)):
+            items = []
+            for i, spec in enumerate(layers):
+                items.extend(_torch_leaves(spec, f"layers[{i}]") if _is_torch(spec)
+                             else [(f"layers[{i}]", spec)])
+        else:
             raise TypeError(f"layers must be a list, a tuple or a torch.nn.Sequential, got "
                             f"{type(layers).__name__}")
         out = []
         spatial = False  # whether the zonotope is (C, H, W, E) at this point
-        for i, spec in enumerate(layers):
-            layer = _convert(L, spec, dt, num_threads, f"layers[{i}]")
+        for where, spec in items:
+            layer = _convert(L, spec, dt, num_threads, where)
+            if layer is None:  # a no-op
+                continue
             if isinstance(layer, L.VectorLinear) and spatial:
+                if _is_torch(spec):
+                    raise ValueError(f"{where}: torch's Linear after a convolution acts on the "
+                                     f"last axis of each image; put nn.Flatten() before it")
                 out.append(L.VectorFlatten().eval())
                 spatial = False
-            if isinstance(layer, L.VectorConv2d):
+            if isinstance(layer, L.VectorChannelAffine):
+                _check_norm(spec, spatial, where)
+                if out and _fold(out[-1], layer, L, where):
+                    continue
+            if isinstance(layer, (L.VectorConv2d, L.VectorAvgPool2d)):
                 spatial = True
             elif isinstance(layer, (L.VectorFlatten, L.VectorLinear)):
                 spatial = False
@@ -142,16 +170,27 @@ class Network:
         answer: the margins are those of the layers one by one, to
         rounding.
 
+        A batch (x of shape ``(N, ...)``, label N integers) is certified
+        image by image: ``certified`` is then an (N,) bool array, and the
+        margins ``(N, K)``. ``clip``'s bounds may be arrays that broadcast
+        to one image (per channel: ``(C, 1, 1)``). A first channel affine
+        (an input normalisation) maps the box to a box.
+
         times : dict, optional
             Gets the seconds of each step added: per layer type (the input
             box is counted with a first convolution, which convolves it
             directly), and ``"certify"``.
         """
-        from .layers import VectorConv2d, VectorReLU  # (layers imports zonotope)
+        from .layers import VectorChannelAffine, VectorConv2d, VectorReLU  # (layers imports zonotope)
 
+        if np.ndim(label) == 1:
+            return self._certify_batch(x, eps, label, clip, return_margins, times)
         t0 = time.perf_counter()
         ws = self._workspace()
         layers = self.layers
+        if layers and isinstance(layers[0], VectorChannelAffine):
+            x, eps, clip = _affine_box(layers[0], x, eps, clip)
+            layers = layers[1:]
         z = None
         if len(layers) >= 3 and isinstance(layers[0], VectorConv2d) and isinstance(layers[1], VectorReLU) \
                 and isinstance(layers[2], VectorConv2d):
@@ -173,6 +212,25 @@ class Network:
         if times is not None:
             times["certify"] = times.get("certify", 0.0) + time.perf_counter() - t0
         return res
+
+    def _certify_batch(self, x, eps, label, clip, return_margins, times):
+        """certify of each image of the batch x in turn."""
+        xa = np.asarray(x)
+        lab = np.asarray(label)
+        if xa.ndim < 2 or lab.shape != (xa.shape[0],) or lab.dtype.kind not in "iu":
+            raise ValueError(f"label must be {xa.shape[0] if xa.ndim >= 2 else 'N'} integers for "
+                             f"a batch x of shape {xa.shape}, got {label!r}")
+        ea = np.asarray(eps)
+        if ea.ndim == xa.ndim:  # one eps per image, or per element
+            try:
+                ea = np.broadcast_to(ea, xa.shape)
+            except ValueError:
+                raise ValueError(f"eps of shape {ea.shape} does not broadcast to x's shape "
+                                 f"{xa.shape}") from None
+        res = [self.certify(xa[i], ea[i] if ea.ndim == xa.ndim else eps, int(lab[i]), clip=clip,
+                            return_margins=True, times=times) for i in range(xa.shape[0])]
+        ok = np.array([r[0] for r in res], bool)
+        return (ok, np.stack([r[1] for r in res])) if return_margins else ok
 
     def _dtype(self) -> np.dtype:
         for layer in self.layers:
@@ -255,16 +313,46 @@ class _Workspace:
 
 
 def _is_torch(obj) -> bool:
-    return type(obj).__module__.startswith("torch.")
+    """Whether obj is a torch module (torch not imported: it cannot be)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def _torch_leaves(module):
-    """The leaf modules of a torch module, in order (nested Sequentials opened)."""
-    children = list(module.children())
-    if not children:
-        yield module
-    for child in children:
-        yield from _torch_leaves(child)
+def _torch_known(m) -> bool:
+    """Whether torch module m computes what its class does: its class's
+    forward is torch's own (a subclass may override it) and no forward
+    hook can change its input or output."""
+    import torch.nn as nn
+    from torch.nn.modules import module as tm
+
+    cls = next((c for c in type(m).__mro__ if c.__module__.startswith("torch.nn.")), None)
+    if cls is None or cls is nn.Module or type(m).forward is not cls.forward:
+        return False
+    hooks = (m._forward_hooks, m._forward_pre_hooks, tm._global_forward_hooks,
+             tm._global_forward_pre_hooks)
+    return not any(hooks)
+
+
+def _torch_leaves(module, path):
+    """(path, leaf) of every layer of a torch model, in the order its
+    forward runs them: a Sequential (or a subclass that keeps its forward)
+    is opened; any other module with children, a custom forward or a hook
+    is refused, since its children's order need not be what it computes
+    (a skip connection, a functional ReLU)."""
+    import torch.nn as nn
+
+    kind = type(module).__name__
+    if not _torch_known(module):
+        raise TypeError(f"{path} ({kind}): from_layers reads only torch modules whose forward is "
+                        f"torch's own and that have no forward hooks; this one's forward (or a "
+                        f"hook) may compute something its layers in order do not")
+    if isinstance(module, nn.Sequential):
+        for name, child in module.named_children():
+            yield from _torch_leaves(child, f"{path}.{name}")
+    elif next(module.children(), None) is not None:
+        raise TypeError(f"{path} ({kind}): from_layers opens only nn.Sequential containers")
+    else:
+        yield path, module
 
 
 def _array_of(v, dt, name):
@@ -318,7 +406,7 @@ def _dense_layer(L, weight, bias, dt, nt, where):
 
 
 def _convert(L, spec, dt, nt, where):
-    """One layer of from_layers as its zonotope layer."""
+    """One layer of from_layers as its zonotope layer, or None for a no-op."""
     if isinstance(spec, str):
         if spec == "relu":
             return L.VectorReLU(num_threads=nt)
@@ -326,8 +414,14 @@ def _convert(L, spec, dt, nt, where):
             return L.VectorFlatten()
         raise ValueError(f"{where}: unknown layer name {spec!r} (use 'relu' or 'flatten')")
     if isinstance(spec, dict):
+        if set(spec) == {"mean", "std"}:
+            std = _array_of(spec["std"], np.float64, f"{where}.std")
+            if (std == 0).any():
+                raise ValueError(f"{where}: std must be nonzero")
+            mean = _array_of(spec["mean"], np.float64, f"{where}.mean")
+            return L.VectorChannelAffine(1 / std, -mean / std, dtype=dt)
         if "weight" not in spec:
-            raise ValueError(f"{where}: a dict layer needs a 'weight'")
+            raise ValueError(f"{where}: a dict layer needs a 'weight' (or is {{'mean', 'std'}})")
         unknown = set(spec) - {"weight", "bias", "stride", "padding", "dilation"}
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
@@ -346,12 +440,17 @@ def _convert(L, spec, dt, nt, where):
         return L.VectorReLU(num_threads=nt)
     if isinstance(spec, (L.Flatten, L.VectorFlatten)):
         return L.VectorFlatten()
+    if isinstance(spec, L.VectorChannelAffine):
+        return L.VectorChannelAffine(spec.scale, spec.shift, dtype=dt)
+    if isinstance(spec, L.VectorAvgPool2d):
+        return L.VectorAvgPool2d(spec.kernel_size, spec.stride, spec.padding, divisor=spec.divisor)
     if _is_torch(spec):
         return _convert_torch(L, spec, dt, nt, where)
     raise TypeError(f"{where}: cannot certify through a {type(spec).__name__}")
 
 
 def _convert_torch(L, m, dt, nt, where):
+    """A torch leaf (checked by _torch_leaves) as its zonotope layer, or None."""
     import torch.nn as nn
 
     if isinstance(m, nn.Conv2d):
@@ -363,8 +462,68 @@ def _convert_torch(L, m, dt, nt, where):
     if isinstance(m, nn.ReLU):
         return L.VectorReLU(num_threads=nt)
     if isinstance(m, nn.Flatten):
+        if m.start_dim != 1 or m.end_dim != -1:
+            raise ValueError(f"{where}: only Flatten(start_dim=1, end_dim=-1) is supported, got {m!r}")
         return L.VectorFlatten()
+    if isinstance(m, (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d)):
+        return None
+    if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+        if m.running_mean is None or m.running_var is None:
+            raise ValueError(f"{where}: a batch norm without running statistics normalises by "
+                             f"each batch's, which has no fixed function to certify")
+        var = _array_of(m.running_var, np.float64, f"{where}.running_var")
+        mean = _array_of(m.running_mean, np.float64, f"{where}.running_mean")
+        scale = 1 / np.sqrt(var + m.eps)
+        if m.weight is not None:
+            scale = scale * _array_of(m.weight, np.float64, f"{where}.weight")
+        shift = -mean * scale
+        if m.bias is not None:
+            shift = shift + _array_of(m.bias, np.float64, f"{where}.bias")
+        return L.VectorChannelAffine(scale, shift, dtype=dt)
+    if isinstance(m, nn.AvgPool2d):
+        if m.ceil_mode:
+            raise ValueError(f"{where}: AvgPool2d with ceil_mode=True is not supported")
+        if not m.count_include_pad and m.padding not in (0, (0, 0)):
+            raise ValueError(f"{where}: AvgPool2d with padding needs count_include_pad=True")
+        return L.VectorAvgPool2d(m.kernel_size, m.stride, m.padding, divisor=m.divisor_override)
     raise TypeError(f"{where}: cannot certify through torch's {type(m).__name__}")
+
+
+def _check_norm(spec, spatial: bool, where):
+    """A torch batch norm's kind agrees with where it stands."""
+    if type(spec).__name__ == "BatchNorm2d" and not spatial:
+        raise ValueError(f"{where}: BatchNorm2d needs an image, but the layers before it flatten")
+    if type(spec).__name__ == "BatchNorm1d" and spatial:
+        raise ValueError(f"{where}: BatchNorm1d after a convolution is not supported")
+
+
+def _fold(prev, affine, L, where) -> bool:
+    """Fold a channel affine into the convolution or dense layer right
+    before it (its output channels): True where it was folded."""
+    if not isinstance(prev, (L.VectorConv2d, L.VectorLinear)):
+        return False
+    O = prev.weight.shape[0]
+    if affine.channels not in (1, O):
+        raise ValueError(f"{where}: {affine.channels} channels, but the layer before it has {O}")
+    scale = np.broadcast_to(affine.scale, (O,)).astype(prev.weight.dtype)
+    shift = np.broadcast_to(affine.shift, (O,)).astype(prev.weight.dtype)
+    prev.weight *= scale.reshape((O,) + (1,) * (prev.weight.ndim - 1))
+    prev.bias = shift + (0 if prev.bias is None else prev.bias * scale)
+    return True
+
+
+def _affine_box(affine, x, eps, clip):
+    """(x, eps, clip) of the box that a first channel affine maps the box
+    ``x +- eps`` clipped to ``clip`` to: its image, a box."""
+    shape, centre, half, _ = box(x, eps, clip)
+    C = affine.channels
+    if C != 1 and shape[0] != C:
+        raise ValueError(f"x has {shape[0]} channels (shape {shape}) but the network's first "
+                         f"layer normalises {C}")
+    per = (-1,) + (1,) * (len(shape) - 1)
+    scale = affine.scale.astype(np.float64).reshape(per)
+    shift = affine.shift.astype(np.float64).reshape(per)
+    return centre.reshape(shape) * scale + shift, half.reshape(shape) * np.abs(scale), None
 
 
 def _box_conv(x, eps, clip, conv, alloc):

@@ -29,16 +29,21 @@ def _real_array(v, name: str) -> np.ndarray:
     return a
 
 
-def _clip_arg(clip) -> tuple[float, float]:
+def _clip_arg(clip, shape):
+    """clip as (lo, hi): numbers, or arrays that broadcast to x's shape
+    (per channel: ``(C, 1, 1)`` for a ``(C, H, W)`` image)."""
     if clip is None:
         return -np.inf, np.inf
     if not isinstance(clip, (tuple, list)) or len(clip) != 2:
         raise ValueError(f"clip must be None or a pair (lo, hi), got {clip!r}")
-    lo, hi = (_real_array(c, "clip") if np.ndim(c) == 0 else None for c in clip)
-    if lo is None or hi is None:
-        raise ValueError(f"clip must be None or a pair of numbers (lo, hi), got {clip!r}")
-    lo, hi = float(lo), float(hi)
-    if not lo <= hi:
+    lo, hi = (_real_array(c, "clip") for c in clip)
+    for c in (lo, hi):
+        try:
+            np.broadcast_to(c, shape)
+        except ValueError:
+            raise ValueError(f"clip's bounds of shape {c.shape} do not broadcast to x's shape "
+                             f"{shape}") from None
+    if not (lo <= hi).all():
         raise ValueError(f"clip must be in order, lo <= hi, got {clip!r}")
     return lo, hi
 
@@ -57,11 +62,11 @@ def box(x, eps, clip):
         ea = np.broadcast_to(ea, xa.shape)
     except ValueError:
         raise ValueError(f"eps of shape {ea.shape} does not broadcast to x's shape {xa.shape}") from None
-    lo, hi = _clip_arg(clip)
+    lo, hi = _clip_arg(clip, xa.shape)
     blo = np.maximum(xa - ea, lo)
     bhi = np.minimum(xa + ea, hi)
     if (blo > bhi).any():
-        raise ValueError(f"x lies farther than eps outside clip={clip!r}: the box is empty")
+        raise ValueError("x lies farther than eps outside clip: the box is empty")
     half = ((bhi - blo) / 2).ravel()
     return xa.shape, ((blo + bhi) / 2).ravel(), half, np.flatnonzero(half > 0)
 

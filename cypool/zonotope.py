@@ -46,7 +46,9 @@ def from_box(x, eps, clip=(0.0, 1.0), *, dtype=np.float64) -> np.ndarray:
         Half-width of the box, finite and >= 0.
     clip : (lo, hi) or None
         The box is ``[max(x - eps, lo), min(x + eps, hi)]`` element by
-        element (the valid pixel range); None does not clip.
+        element (the valid pixel range); lo and hi are numbers or arrays
+        that broadcast to x (per channel: shape ``(C, 1, 1)``). None does
+        not clip.
     dtype : float64 (default) or float32
 
     Returns
