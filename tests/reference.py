@@ -284,3 +284,32 @@ def deepz_certify(x, eps, layers, label, clip=(0.0, 1.0)):
             z = zono_linear(z, w.astype(np.float64), None if b is None else b.astype(np.float64))
     m = zono_margins(z, label)
     return bool((m > 0).all()), m
+
+
+def backsub_exact(layers, relax, c, lo, hi):
+    """The lower bound of ``c . y`` over the box [lo, hi] of a dense ReLU
+    net, back-substituted through the given ReLU relaxations in exact
+    rational arithmetic (fractions). layers: ("dense", W, b) and ("relu",)
+    in order; relax: one (a, s, t) per ReLU, in order: a x <= relu(x) <=
+    s x + t. Every float is taken at its exact value."""
+    from fractions import Fraction as Fr
+
+    def fr(v):
+        return [Fr(float(x)) for x in np.asarray(v, np.float64).reshape(-1)]
+
+    A = fr(c)
+    const = Fr(0)
+    k = len(relax)
+    for layer in reversed(layers):
+        if layer[0] == "relu":
+            k -= 1
+            a, s, t = (fr(v) for v in relax[k])
+            const += sum(Ai * ti for Ai, ti in zip(A, t) if Ai < 0)
+            A = [Ai * (ai if Ai >= 0 else si) for Ai, ai, si in zip(A, a, s)]
+        else:
+            _, W, b = layer
+            W = np.asarray(W, np.float64)
+            const += sum(Ai * bi for Ai, bi in zip(A, fr(b)))
+            Wf = [fr(row) for row in W]
+            A = [sum(A[o] * Wf[o][i] for o in range(len(A))) for i in range(W.shape[1])]
+    return const + sum(Ai * (Fr(float(l)) if Ai >= 0 else Fr(float(h))) for Ai, l, h in zip(A, lo, hi))

@@ -1,0 +1,138 @@
+"""check(net, spec): falsify by attack, prove by bounds, or say unknown."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _checks as chk
+from ._crown import bounds, output_lower
+from ._net import Net
+from ._vnnlib import Spec
+
+__all__ = ["Result", "check", "attack"]
+
+
+@dataclass
+class Result:
+    """The verdict of :func:`check`.
+
+    ``status``: ``"holds"`` (no input of the box is a counterexample:
+    proved, rounding charged), ``"violated"`` (``counterexample`` is an
+    ``(x, y)`` with x in the box and y the network's float64 output there,
+    satisfying the counterexample condition), or ``"unknown"`` (neither;
+    ``timed_out`` says whether the time ran out first). ``lower``: per
+    disjunct, the lower bounds of its rows ``A @ y - b`` (the property
+    holds where each disjunct has one above 0). ``time``: seconds.
+    """
+    status: str
+    counterexample: tuple | None = None
+    lower: list | None = None
+    time: float = 0.0
+    timed_out: bool = False
+
+
+def _violations(specs_rows, Y):
+    """Per point, the least over disjuncts of the largest ``A y - b``
+    (<= 0: a counterexample) and the row that attains it."""
+    best = np.full(Y.shape[0], np.inf)
+    rows = np.zeros((Y.shape[0], Y.shape[1]))
+    for A, b in specs_rows:
+        v = Y @ A.T - b  # (N, m)
+        j = np.argmax(v, axis=1)
+        worst = v[np.arange(len(v)), j]
+        better = worst < best
+        best[better] = worst[better]
+        rows[better] = A[j[better]]
+    return best, rows
+
+
+def attack(net: Net, spec: Spec, *, steps=40, points=16, seed=0, deadline=None):
+    """A counterexample ``(x, y)`` found by projected gradient descent on the
+    violation (from the box's centre, its corners' signs at random and
+    random points), confirmed in float64; or None."""
+    lo, hi = spec.lower, spec.upper
+    rng = np.random.default_rng(seed)
+    X = np.empty((points, lo.size))
+    X[0] = (lo + hi) / 2
+    X[1:points // 2] = np.where(rng.random((points // 2 - 1, lo.size)) < 0.5, lo, hi)
+    X[points // 2:] = rng.uniform(lo, hi, (points - points // 2, lo.size))
+    f64 = net if net.dtype == np.float64 else net.astype(np.float64)
+    width = hi - lo
+    for k in range(steps + 1):
+        Y = f64.forward(X)
+        v, rows = _violations(spec.disjuncts, Y)
+        for i in np.flatnonzero(v <= 0):
+            y = f64.forward(X[i])[0]  # the point alone: the output a user's forward gives
+            if spec.is_counterexample(y):
+                return X[i].copy(), y
+        if k == steps or (deadline is not None and time.perf_counter() > deadline):
+            return None
+        g = f64.gradient(X, rows)
+        step = width * (0.25 * (0.02 / 0.25) ** (k / max(steps - 1, 1)))
+        X = np.clip(X - step * np.sign(g), lo, hi)
+    return None
+
+
+def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=40) -> Result:
+    """Whether the property of spec holds on net.
+
+    Parameters
+    ----------
+    net : a network from :func:`load_onnx`
+    spec : a :class:`Spec` from :func:`read_vnnlib`, or a list of them
+        (several input boxes: holds where it holds on each)
+    timeout : seconds or None
+        Checked between the steps: past it, ``"unknown"`` with
+        ``timed_out``.
+    num_threads : int or None
+        For cypool's kernels (the convolutions).
+    """
+    t0 = time.perf_counter()
+    if not isinstance(net, Net):
+        raise TypeError(f"net must be a network from load_onnx, got {type(net).__name__}")
+    specs = spec if isinstance(spec, (list, tuple)) else [spec]
+    if not specs or not all(isinstance(s, Spec) for s in specs):
+        raise TypeError("spec must be a Spec from read_vnnlib, or a non-empty list of them")
+    for s in specs:
+        if s.n_inputs != net.n_inputs:
+            raise ValueError(f"spec has {s.n_inputs} inputs but the net takes {net.n_inputs}")
+        if s.n_outputs != net.n_outputs:
+            raise ValueError(f"spec constrains {s.n_outputs} outputs but the net has {net.n_outputs}")
+        if not (np.isfinite(s.lower).all() and np.isfinite(s.upper).all()):
+            raise ValueError("spec's input bounds must be finite")
+        if any(not (np.isfinite(A).all() and np.isfinite(b).all()) for A, b in s.disjuncts):
+            raise ValueError("spec's output constraints must be finite")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    chk.num_threads_arg(num_threads)
+    if num_threads is not None:
+        net = net.with_threads(num_threads)
+    deadline = None if timeout is None else t0 + timeout
+    lowers = []
+    undecided = []
+    for s in specs:
+        cex = attack(net, s, steps=0, points=2)  # the centre, and a corner: cheap
+        if cex is not None:
+            return Result("violated", cex, time=time.perf_counter() - t0)
+        _, relax, charge = bounds(net, s.lower, s.upper)
+        C = np.concatenate([A for A, _ in s.disjuncts])
+        lb = output_lower(net, relax, charge, C, s.lower, s.upper)
+        per, k = [], 0
+        for A, b in s.disjuncts:
+            per.append(lb[k:k + len(A)] - b)
+            k += len(A)
+        lowers.append(per)
+        if not all((m > 0).any() for m in per):
+            undecided.append(s)
+        if deadline is not None and time.perf_counter() > deadline:
+            return Result("unknown", lower=lowers, time=time.perf_counter() - t0, timed_out=True)
+    if not undecided:
+        return Result("holds", lower=lowers, time=time.perf_counter() - t0)
+    for s in undecided:
+        cex = attack(net, s, steps=attack_steps, deadline=deadline)
+        if cex is not None:
+            return Result("violated", cex, lower=lowers, time=time.perf_counter() - t0)
+    timed_out = deadline is not None and time.perf_counter() > deadline
+    return Result("unknown", lower=lowers, time=time.perf_counter() - t0, timed_out=timed_out)

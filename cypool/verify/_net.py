@@ -1,0 +1,218 @@
+"""The networks cypool.verify bounds: a chain of affine maps and ReLUs.
+
+Every affine op maps a batch ``(N, *in_shape)`` to ``(N, *out_shape)``
+(``apply``), has a full-shape ``bias``, and a transposed linear part
+(``T``): what back-substitution pushes bound coefficients through. With
+``absolute=True``, ``T`` uses the weights' absolute values, for the
+rounding-error charge of _crown.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from ..conv import conv2d, conv2d_backward
+
+__all__ = ["Dense", "Conv", "Elementwise", "Reshape", "ReLU", "Net"]
+
+
+class Dense:
+    """y = W x + b on flat vectors."""
+
+    def __init__(self, W, b):
+        self.W, self.bias = W, b
+        self.in_shape, self.out_shape = (W.shape[1],), (W.shape[0],)
+        self._absW = None
+
+    def apply(self, X):
+        return X @ self.W.T + self.bias
+
+    def absW(self):
+        if self._absW is None:
+            self._absW = np.abs(self.W)
+        return self._absW
+
+    def T(self, A, absolute=False):
+        return A @ (self.absW() if absolute else self.W)
+
+    def radius(self, R):
+        """|W| R: the radius of the image of a box of radius R."""
+        return R @ self.absW().T
+
+    @property
+    def fan_in(self):
+        return self.W.shape[1]
+
+
+class Conv:
+    """A 2-D convolution (groups 1) with a full-shape bias ``(O, OH, OW)``;
+    pads ``(top, left, bottom, right)``, the part on which both sides agree
+    handled by cypool.conv2d, the rest by an explicit pad."""
+
+    def __init__(self, w, b, in_shape, stride, pads, dilation):
+        C, H, W = in_shape
+        t, left, bot, r = pads
+        self.w, self.stride, self.dilation = w, stride, dilation
+        self.sym = (min(t, bot), min(left, r))
+        self.extra = ((t - self.sym[0], bot - self.sym[0]), (left - self.sym[1], r - self.sym[1]))
+        self.in_shape = tuple(in_shape)
+        (ph, pw), (et, eb), (el, er) = self.sym, *self.extra
+        kh, kw = w.shape[2:]
+        dh, dw = dilation
+        OH = (H + et + eb + 2 * ph - dh * (kh - 1) - 1) // stride[0] + 1
+        OW = (W + el + er + 2 * pw - dw * (kw - 1) - 1) // stride[1] + 1
+        if OH < 1 or OW < 1:
+            raise ValueError(f"the kernel {(kh, kw)} is larger than the padded input {in_shape}")
+        self.out_shape = (w.shape[0], OH, OW)
+        self.bias = np.broadcast_to(np.asarray(b, w.dtype).reshape(-1, 1, 1), self.out_shape).copy()
+        self._absw = None
+        self.num_threads = None
+
+    def _padded(self, X):
+        (et, eb), (el, er) = self.extra
+        if et or eb or el or er:
+            X = np.pad(X, ((0, 0), (0, 0), (et, eb), (el, er)))
+        return X
+
+    def _conv(self, X, w):
+        return conv2d(np.ascontiguousarray(self._padded(X)), w, None, self.stride, self.sym,
+                      self.dilation, num_threads=self.num_threads)
+
+    def absw(self):
+        if self._absw is None:
+            self._absw = np.abs(self.w)
+        return self._absw
+
+    def apply(self, X):
+        return self._conv(X, self.w) + self.bias
+
+    def radius(self, R):
+        return self._conv(R, self.absw())
+
+    def T(self, A, absolute=False):
+        w = self.absw() if absolute else self.w
+        (et, eb), (el, er) = self.extra
+        C, H, W = self.in_shape
+        shape = (A.shape[0], C, H + et + eb, W + el + er)
+        g, _, _ = conv2d_backward(np.ascontiguousarray(A), np.broadcast_to(np.zeros((), A.dtype), shape),
+                                  w, self.stride, self.sym, self.dilation, needs_weight_grad=False,
+                                  num_threads=self.num_threads)
+        return g[:, :, et:et + H, el:el + W]
+
+    @property
+    def fan_in(self):
+        return int(np.prod(self.w.shape[1:]))
+
+
+class Elementwise:
+    """y = scale * x + shift, element by element (full-shape arrays)."""
+
+    def __init__(self, scale, shift):
+        self.scale, self.bias = scale, shift
+        self.in_shape = self.out_shape = scale.shape
+
+    def apply(self, X):
+        return X * self.scale + self.bias
+
+    def T(self, A, absolute=False):
+        return A * (np.abs(self.scale) if absolute else self.scale)
+
+    def radius(self, R):
+        return R * np.abs(self.scale)
+
+    fan_in = 1
+
+
+class Reshape:
+    """A new shape of the same C-order values (Flatten, Reshape)."""
+
+    def __init__(self, in_shape, out_shape):
+        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
+        self.bias = None
+
+    def apply(self, X):
+        return X.reshape((X.shape[0],) + self.out_shape)
+
+    def T(self, A, absolute=False):
+        return A.reshape((A.shape[0],) + self.in_shape)
+
+    radius = apply
+
+    fan_in = 0
+
+
+class ReLU:
+    def __init__(self, shape):
+        self.in_shape = self.out_shape = tuple(shape)
+
+    def apply(self, X):
+        return np.maximum(X, 0)
+
+
+
+class Net:
+    """A network as cypool.verify bounds it: ``ops`` in order, from an
+    input of ``input_shape`` (without the batch axis) to a flat output.
+
+    ``forward(x)`` runs a batch ``(N, *input_shape)`` (or flat ``(N,
+    n_inputs)``) in the net's dtype; ``gradient(x, g)`` is the gradient of
+    ``sum(g * forward(x))`` with respect to x.
+    """
+
+    def __init__(self, ops, input_shape, dtype):
+        self.ops = list(ops)
+        self.input_shape = tuple(input_shape)
+        self.dtype = np.dtype(dtype)
+        self.n_inputs = int(np.prod(self.input_shape))
+        self.n_outputs = int(np.prod(self.ops[-1].out_shape)) if self.ops else self.n_inputs
+
+    def _batch(self, x):
+        x = np.asarray(x, self.dtype)
+        return x.reshape((-1,) + self.input_shape)
+
+    def forward(self, x) -> np.ndarray:
+        """The outputs ``(N, n_outputs)`` of the inputs x."""
+        X = self._batch(x)
+        for op in self.ops:
+            X = op.apply(X)
+        return X.reshape(X.shape[0], -1)
+
+    def gradient(self, x, g) -> np.ndarray:
+        """d sum(g * forward(x)) / dx, shaped as x."""
+        X = self._batch(x)
+        masks = []
+        for op in self.ops:
+            if isinstance(op, ReLU):
+                masks.append(X > 0)
+            X = op.apply(X)
+        G = np.asarray(g, self.dtype).reshape(X.shape)
+        for op in reversed(self.ops):
+            G = G * masks.pop() if isinstance(op, ReLU) else op.T(G)
+        return G.reshape(np.shape(x))
+
+    def with_threads(self, num_threads) -> "Net":
+        """The same network, its convolutions on num_threads threads."""
+        ops = [copy.copy(op) for op in self.ops]
+        for op in ops:
+            if isinstance(op, Conv):
+                op.num_threads = num_threads
+        return Net(ops, self.input_shape, self.dtype)
+
+    def astype(self, dtype) -> "Net":
+        """The same network with its weights in dtype."""
+        ops = []
+        for op in self.ops:
+            op = copy.copy(op)
+            for k, v in vars(op).items():
+                if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+                    setattr(op, k, v.astype(dtype))
+            for k in ("_absW", "_absw"):
+                if hasattr(op, k):
+                    setattr(op, k, None)
+            ops.append(op)
+        return Net(ops, self.input_shape, dtype)
+
+    def __repr__(self):
+        inner = ", ".join(f"{type(op).__name__}{op.in_shape}->{op.out_shape}" for op in self.ops)
+        return f"Net({inner})"

@@ -1,0 +1,404 @@
+"""cypool.verify: VNN-LIB properties, ONNX networks (against onnx's own
+reference evaluator), bounds that contain every sampled output and never
+exceed the exact bound of their relaxation (rational arithmetic), verdicts
+that agree with an attack, the command line, and the bad-input battery."""
+import csv
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import reference as ref
+from cypool import verify
+from cypool.verify import __main__ as cli
+from cypool.verify._crown import bounds, output_lower
+from cypool.verify._net import ReLU
+
+onnx = pytest.importorskip("onnx", reason="onnx (cypool[onnx]) not installed")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "vnncomp2021")
+
+
+# --- building ONNX models -------------------------------------------------------
+
+def make_model(path, nodes, inits, in_shape, out_name, opset=15):
+    graph = helper.make_graph(
+        nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)],
+        [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) if np.asarray(v).dtype.kind == "f"
+         else numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def onnx_eval(path, x):
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(str(path)).run(None, {"x": np.asarray(x, np.float32)})[0]
+
+
+def dense_model(path, rng, sizes=(6, 8, 8, 3)):
+    nodes, inits, cur = [], {}, "x"
+    for k in range(len(sizes) - 1):
+        inits[f"W{k}"] = rng.standard_normal((sizes[k + 1], sizes[k])) / np.sqrt(sizes[k])
+        inits[f"b{k}"] = rng.standard_normal(sizes[k + 1]) * 0.1
+        nodes.append(helper.make_node("Gemm", [cur, f"W{k}", f"b{k}"], [f"g{k}"], transB=1))
+        cur = f"g{k}"
+        if k < len(sizes) - 2:
+            nodes.append(helper.make_node("Relu", [cur], [f"r{k}"]))
+            cur = f"r{k}"
+    return make_model(path, nodes, inits, [1, sizes[0]], cur)
+
+
+def conv_model(path, rng):
+    """Normalisation, a convolution with uneven pads, batch norm, an average
+    pool without the padding in its count, torch's exported flatten
+    (Shape, Gather, Unsqueeze, Concat, Reshape), MatMul and Add."""
+    inits = {
+        "mean": rng.random((1, 2, 1, 1)), "std": rng.uniform(0.5, 1.5, (1, 2, 1, 1)),
+        "w": rng.standard_normal((3, 2, 3, 3)) * 0.5, "cb": rng.standard_normal(3) * 0.1,
+        "bn_s": rng.uniform(0.5, 1.5, 3), "bn_b": rng.standard_normal(3) * 0.1,
+        "bn_m": rng.standard_normal(3) * 0.1, "bn_v": rng.uniform(0.5, 2, 3),
+        "zero": np.array(0, np.int64), "minus1": np.array([-1], np.int64),
+        "M": rng.standard_normal((3 * 4 * 3, 4)) * 0.3, "mb": rng.standard_normal(4) * 0.1,
+        "W2": rng.standard_normal((3, 4)), "b2": rng.standard_normal(3) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Sub", ["x", "mean"], ["n1"]),
+        helper.make_node("Div", ["n1", "std"], ["n2"]),
+        helper.make_node("Conv", ["n2", "w", "cb"], ["c1"], pads=[1, 0, 2, 1], strides=[1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "bn_s", "bn_b", "bn_m", "bn_v"], ["bn"], epsilon=1e-3),
+        helper.make_node("Relu", ["bn"], ["r1"]),
+        helper.make_node("AveragePool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 0, 0]),
+        helper.make_node("Shape", ["p1"], ["shp"]),
+        helper.make_node("Gather", ["shp", "zero"], ["n0"], axis=0),
+        helper.make_node("Unsqueeze", ["n0", "zero_axes"], ["n0u"]),
+        helper.make_node("Concat", ["n0u", "minus1"], ["newshape"], axis=0),
+        helper.make_node("Reshape", ["p1", "newshape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "M"], ["m1"]),
+        helper.make_node("Add", ["m1", "mb"], ["a1"]),
+        helper.make_node("Relu", ["a1"], ["r2"]),
+        helper.make_node("Gemm", ["r2", "W2", "b2"], ["y"], transB=1, alpha=0.5, beta=2.0),
+        helper.make_node("Identity", ["y"], ["out"]),
+    ]
+    inits["zero_axes"] = np.array([0], np.int64)
+    return make_model(path, nodes, inits, [1, 2, 7, 6], "out")
+
+
+# --- VNN-LIB ---------------------------------------------------------------------
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_read_vnnlib_boxes_and_disjunctions(tmp_path):
+    text = """; a comment
+(declare-const X_0 Real)
+(declare-const X_1 Real)
+(declare-const Y_0 Real)
+(declare-const Y_1 Real)
+(declare-const Y_2 Real)
+(assert (<= X_0 0.5))
+(assert (>= X_0 -0.5))
+(assert (<= X_1 1e-1))
+(assert (>= X_1 -1.5E-1))
+(assert (or (and (>= Y_0 Y_2) (<= Y_1 3.0)) (and (<= (+ Y_0 (* 2 Y_1)) (- Y_2 1)))))
+"""
+    spec = verify.read_vnnlib(write(tmp_path, "a.vnnlib", text))
+    np.testing.assert_array_equal(spec.lower, [-0.5, -0.15])
+    np.testing.assert_array_equal(spec.upper, [0.5, 0.1])
+    assert len(spec.disjuncts) == 2
+    (A0, b0), (A1, b1) = spec.disjuncts
+    np.testing.assert_array_equal(A0, [[-1, 0, 1], [0, 1, 0]])  # Y_2 - Y_0 <= 0, Y_1 <= 3
+    np.testing.assert_array_equal(b0, [0, 3])
+    np.testing.assert_array_equal(A1, [[1, 2, -1]])
+    np.testing.assert_array_equal(b1, [-1])
+    assert spec.is_counterexample([2.0, 1.0, 1.0]) and not spec.is_counterexample([0.0, 5.0, 1.0])
+    # several input boxes: a list of specs
+    boxes = """(declare-const X_0 Real)
+(declare-const Y_0 Real)
+(declare-const Y_1 Real)
+(assert (or (and (>= X_0 0) (<= X_0 1) (>= Y_0 Y_1)) (and (>= X_0 2) (<= X_0 3) (<= Y_0 Y_1))))
+"""
+    specs = verify.read_vnnlib(write(tmp_path, "b.vnnlib", boxes))
+    assert [(s.lower[0], s.upper[0]) for s in specs] == [(0, 1), (2, 3)]
+    np.testing.assert_array_equal(specs[1].disjuncts[0][0], [[1, -1]])
+
+
+@pytest.mark.parametrize("text, words", [
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 1)", "unbalanced"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 1)))", "unbalanced"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 1))\n(assert (<= Y_0 0))",
+     "X_0 has no finite lower and upper bound"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 1))\n(assert (>= X_0 0))\n"
+     "(assert (<= (* Y_0 Y_0) 1))", "not linear"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 1))\n(assert (>= X_0 0))\n"
+     "(assert (<= Y_0 X_0))", "mixes inputs X and outputs Y"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(check-sat)", "unsupported command"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 1))\n(assert (>= X_0 0))\n"
+     "(assert (<= Z_0 1))", "not a declared variable"),
+    ("(declare-const X_0 Real)\n(declare-const X_2 Real)\n(declare-const Y_0 Real)", "X_0 to X_1"),
+    ("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 1))\n(assert (>= X_0 0))\n"
+     "(assert (=> Y_0 1))", "unsupported connective"),
+])
+def test_read_vnnlib_refuses_what_it_cannot_read(tmp_path, text, words):
+    with pytest.raises(ValueError) as info:
+        verify.read_vnnlib(write(tmp_path, "bad.vnnlib", text))
+    assert words in str(info.value)
+
+
+# --- ONNX ----------------------------------------------------------------------------
+
+def test_load_onnx_computes_what_onnx_computes(tmp_path, rng):
+    for path in (dense_model(tmp_path / "d.onnx", rng), conv_model(tmp_path / "c.onnx", rng)):
+        net = verify.load_onnx(path)
+        shape = (1,) + net.input_shape
+        for _ in range(3):
+            x = rng.standard_normal(shape).astype(np.float32)
+            want = onnx_eval(path, x)
+            np.testing.assert_allclose(net.forward(x), want, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(verify.load_onnx(path, dtype=np.float32).forward(x), want,
+                                       rtol=1e-4, atol=1e-5)
+
+
+def test_load_onnx_from_torch_export(tmp_path, rng):
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 5), nn.ReLU(), nn.Linear(5, 3)).eval()
+    path = str(tmp_path / "t.onnx")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, torch.zeros(1, 1, 8, 8), path, dynamo=False, input_names=["x"])
+    net = verify.load_onnx(path)
+    x = rng.random((2, 1, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(net.forward(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_load_onnx_names_an_unsupported_op_and_a_branch(tmp_path, rng):
+    inits = {"W": rng.standard_normal((3, 4))}
+    p = make_model(tmp_path / "s.onnx", [helper.make_node("Gemm", ["x", "W"], ["g"], transB=1),
+                                         helper.make_node("Sigmoid", ["g"], ["y"], name="act1")],
+                   inits, [1, 4], "y")
+    with pytest.raises(ValueError, match=r"node 'act1' \(Sigmoid\): unsupported op Sigmoid"):
+        verify.load_onnx(p)
+    p = make_model(tmp_path / "r.onnx", [helper.make_node("Gemm", ["x", "W"], ["g"], transB=1),
+                                         helper.make_node("Relu", ["g"], ["r"]),
+                                         helper.make_node("Add", ["g", "r"], ["y"], name="skip")],
+                   inits, [1, 4], "y")
+    with pytest.raises(ValueError, match="only chains are supported"):
+        verify.load_onnx(p)
+    bad = tmp_path / "junk.onnx"
+    bad.write_bytes(b"not a protobuf at all \x00\xff")
+    with pytest.raises(ValueError, match="is not a readable ONNX model"):
+        verify.load_onnx(str(bad))
+    with pytest.raises(TypeError, match="dtype"):
+        verify.load_onnx(p, dtype=np.float16)
+
+
+def test_load_onnx_without_onnx_names_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    with pytest.raises(ImportError, match=r"cypool\[onnx\]"):
+        verify.load_onnx(str(tmp_path / "x.onnx"))
+
+
+# --- bounds: sound, and never above the exact bound of their relaxation -------------
+
+def random_dense_net(tmp_path, rng, sizes):
+    path = dense_model(tmp_path / f"n{rng.integers(1 << 30)}.onnx", rng, sizes)
+    return path
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_bounds_contain_every_sampled_value(tmp_path, rng, dt):
+    for path in (random_dense_net(tmp_path, rng, (5, 12, 12, 4)), conv_model(tmp_path / "c.onnx", rng)):
+        net = verify.load_onnx(path, dtype=dt)
+        n = net.n_inputs
+        centre = rng.standard_normal(n)
+        lo, hi = centre - 0.3, centre + 0.3
+        pre, relax, charge = bounds(net, lo, hi)
+        C = rng.standard_normal((6, net.n_outputs))
+        lb = output_lower(net, relax, charge, C, lo, hi)
+        X = np.concatenate([rng.uniform(lo, hi, (300, n)), np.where(rng.random((50, n)) < 0.5, lo, hi)])
+        f64 = net.astype(np.float64)
+        Y = X.reshape((-1,) + net.input_shape)
+        for i, op in enumerate(f64.ops):
+            if isinstance(op, ReLU):
+                v = Y.reshape(len(X), -1)
+                assert (v >= pre[i][0]).all() and (v <= pre[i][1]).all()
+            Y = op.apply(Y)
+        assert ((Y.reshape(len(X), -1) @ C.T) >= lb).all()
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_bounds_never_exceed_the_exact_bound_of_their_relaxation(tmp_path, rng, dt):
+    for trial in range(4):
+        sizes = (4, 7, 6, 3)
+        path = random_dense_net(tmp_path, rng, sizes)
+        net = verify.load_onnx(path, dtype=dt)
+        # exact values of the weights as held
+        layers, relus = [], []
+        for i, op in enumerate(net.ops):
+            if isinstance(op, ReLU):
+                layers.append(("relu",))
+                relus.append(i)
+            elif hasattr(op, "W"):
+                layers.append(("dense", op.W, op.bias))
+        centre = rng.standard_normal(4)
+        lo, hi = (centre - 0.5).astype(dt), (centre + 0.5).astype(dt)
+        pre, relax, charge = bounds(net, lo, hi)
+        rx = [tuple(np.asarray(v).reshape(-1) for v in relax[i]) for i in relus]
+        C = rng.standard_normal((3, 3)).astype(dt)
+        lb = output_lower(net, relax, charge, C, lo, hi)
+        for k in range(3):
+            assert lb[k] <= ref.backsub_exact(layers, rx, C[k], lo, hi)
+        # the second ReLU's input, back-substituted through the first's relaxation
+        head = verify.Net(net.ops[:relus[1]], net.input_shape, dt)
+        _, _, head_charge = bounds(head, lo, hi)
+        E = np.concatenate([np.eye(6), -np.eye(6)]).astype(dt)
+        lb2 = output_lower(head, {relus[0]: relax[relus[0]]}, head_charge, E, lo, hi)
+        for j in range(12):
+            assert lb2[j] <= ref.backsub_exact(layers[:3], rx[:1], E[j], lo, hi)
+        l2, u2 = pre[relus[1]]  # and the bounds kept of unstable neurons are no looser
+        unstable = (l2 < 0) & (u2 > 0)
+        tol = 1e-5 if dt == np.float32 else 1e-12  # (other row counts round otherwise)
+        assert (l2 >= lb2[:6] - tol)[unstable].all() and (u2 <= -lb2[6:] + tol)[unstable].all()
+
+
+# --- check: verdicts ------------------------------------------------------------------
+
+def robustness_spec(lo, hi, label, K):
+    A = [np.eye(K)[label] - np.eye(K)[j] for j in range(K) if j != label]  # y_label <= y_j
+    return verify.Spec(np.asarray(lo, float), np.asarray(hi, float),
+                       [(a[None], np.zeros(1)) for a in A])
+
+
+def test_check_holds_violated_and_unknown(tmp_path, rng):
+    net = verify.load_onnx(random_dense_net(tmp_path, rng, (5, 16, 16, 3)))
+    x = rng.standard_normal(5)
+    y = net.forward(x)[0]
+    label = int(np.argmax(y))
+    res = verify.check(net, robustness_spec(x, x, label, 3))  # a point: its own class
+    assert res.status == "holds" and res.time > 0
+    wrong = int(np.argmin(y))
+    res = verify.check(net, robustness_spec(x - 1e-3, x + 1e-3, wrong, 3))  # the centre disagrees
+    assert res.status == "violated"
+    cx, cy = res.counterexample
+    assert (cx >= x - 1e-3).all() and (cx <= x + 1e-3).all()
+    np.testing.assert_array_equal(cy, net.astype(np.float64).forward(cx)[0])
+    assert robustness_spec(x, x, wrong, 3).is_counterexample(cy)
+
+
+def test_verdicts_agree_with_an_attack(tmp_path, rng):
+    """Over random nets and boxes: a "holds" is never broken by a strong
+    attack, and every "violated" carries a counterexample."""
+    seen = set()
+    for trial in range(12):
+        net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 10, 10, 3)))
+        x = rng.standard_normal(4)
+        label = int(np.argmax(net.forward(x)[0]))
+        eps = [0.01, 0.1, 0.5][trial % 3]
+        spec = robustness_spec(x - eps, x + eps, label, 3)
+        res = verify.check(net, spec)
+        seen.add(res.status)
+        if res.status == "holds":
+            assert verify.attack(net, spec, steps=200, points=64, seed=trial + 1) is None
+            X = rng.uniform(spec.lower, spec.upper, (2000, 4))
+            assert not any(spec.is_counterexample(y) for y in net.forward(X))
+        elif res.status == "violated":
+            cx, cy = res.counterexample
+            assert spec.is_counterexample(net.forward(cx)[0])
+    assert "holds" in seen
+
+
+@pytest.mark.parametrize("make_spec, err, words", [
+    (lambda net: verify.Spec(np.zeros(3), np.ones(3), [(np.ones((1, 3)), np.zeros(1))]), ValueError,
+     "spec has 3 inputs but the net takes 5"),
+    (lambda net: verify.Spec(np.zeros(5), np.ones(5), [(np.ones((1, 2)), np.zeros(1))]), ValueError,
+     "constrains 2 outputs but the net has 3"),
+    (lambda net: verify.Spec(np.full(5, np.nan), np.ones(5), [(np.ones((1, 3)), np.zeros(1))]), ValueError,
+     "input bounds must be finite"),
+    (lambda net: "spec.vnnlib", TypeError, "spec must be a Spec"),
+])
+def test_check_bad_input(tmp_path, rng, make_spec, err, words):
+    net = verify.load_onnx(random_dense_net(tmp_path, rng, (5, 4, 3)))
+    with pytest.raises(err) as info:
+        verify.check(net, make_spec(net))
+    assert words in str(info.value)
+    with pytest.raises(TypeError, match="net must be a network from load_onnx"):
+        verify.check("net.onnx", verify.Spec(np.zeros(5), np.ones(5), [(np.ones((1, 3)), np.zeros(1))]))
+    with pytest.raises(ValueError, match="timeout"):
+        verify.check(net, verify.Spec(np.zeros(5), np.ones(5), [(np.ones((1, 3)), np.zeros(1))]), timeout=-1)
+
+
+# --- the command line -----------------------------------------------------------------
+
+def spec_file(tmp_path, name, lo, hi, label, K):
+    lines = [f"(declare-const X_{i} Real)" for i in range(len(lo))]
+    lines += [f"(declare-const Y_{j} Real)" for j in range(K)]
+    for i, (a, b) in enumerate(zip(lo, hi)):
+        lines += [f"(assert (>= X_{i} {float(a)!r}))", f"(assert (<= X_{i} {float(b)!r}))"]
+    lines.append("(assert (or " + " ".join(f"(and (>= Y_{j} Y_{label}))" for j in range(K) if j != label) + "))")
+    return write(tmp_path, name, "\n".join(lines) + "\n")
+
+
+def test_command_line_one_instance_and_a_folder(tmp_path, rng, capsys):
+    net_path = random_dense_net(tmp_path, rng, (3, 8, 3))
+    net = verify.load_onnx(net_path)
+    x = rng.standard_normal(3)
+    y = net.forward(x)[0]
+    spec_hold = spec_file(tmp_path, "hold.vnnlib", x, x, int(np.argmax(y)), 3)
+    spec_bad = spec_file(tmp_path, "bad.vnnlib", x - 1e-3, x + 1e-3, int(np.argmin(y)), 3)
+    out = tmp_path / "res.txt"
+    assert cli.main([net_path, spec_bad, "--out", str(out), "--timeout", "30"]) == 0
+    text = out.read_text().splitlines()
+    assert text[0] == "violated" and text[1].startswith("((X_0 ") and text[-1].endswith("))")
+    assert len(text) == 1 + 3 + 3
+    with open(tmp_path / "instances.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([[os.path.basename(net_path), "hold.vnnlib", "10"],
+                                  [os.path.basename(net_path), "bad.vnnlib", "10"]])
+    capsys.readouterr()
+    assert cli.main(["--instances", str(tmp_path / "instances.csv"), "--out-dir", str(tmp_path / "o")]) == 0
+    rows = list(csv.reader(capsys.readouterr().out.splitlines()))
+    assert [r[2] for r in rows] == ["holds", "violated"]
+    assert (tmp_path / "o" / (os.path.splitext(os.path.basename(net_path))[0] + "_hold.txt")).read_text() == "holds\n"
+    pytest.importorskip("distributed")
+    assert cli.main(["--instances", str(tmp_path / "instances.csv"), "--local-cluster", "1"]) == 0
+    rows2 = list(csv.reader(capsys.readouterr().out.splitlines()))
+    assert [r[:3] for r in rows2] == [r[:3] for r in rows]
+
+
+# --- the shared VNN-COMP folders, where present ---------------------------------------
+
+@pytest.mark.parametrize("folder", ["mnistfc", "oval21"])
+def test_shared_vnncomp_networks(folder, rng):
+    d = os.path.join(SHARED, folder)
+    if not os.path.isdir(d):
+        pytest.skip("shared/vnncomp2021 not present")
+    rows = cli.read_instances(os.path.join(d, "instances.csv"))
+    net = verify.load_onnx(rows[0][0])
+    x = rng.random((1,) + net.input_shape).astype(np.float32)
+    np.testing.assert_allclose(net.forward(x), _onnx_eval_named(rows[0][0], x), rtol=1e-4, atol=1e-4)
+    for _, spec_path, _ in rows[:3]:
+        spec = verify.read_vnnlib(spec_path)
+        res = verify.check(net, spec)
+        if res.status == "violated":
+            cx, cy = res.counterexample
+            assert (cx >= spec.lower).all() and (cx <= spec.upper).all() and spec.is_counterexample(cy)
+
+
+def _input_name(path):
+    return onnx.load(path).graph.input[0].name
+
+
+def _onnx_eval_named(path, x):
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(path).run(None, {_input_name(path): x.reshape(
+        [d.dim_value for d in onnx.load(path).graph.input[0].type.tensor_type.shape.dim])})[0]
