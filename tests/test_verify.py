@@ -402,3 +402,32 @@ def _onnx_eval_named(path, x):
     from onnx.reference import ReferenceEvaluator
     return ReferenceEvaluator(path).run(None, {_input_name(path): x.reshape(
         [d.dim_value for d in onnx.load(path).graph.input[0].type.tensor_type.shape.dim])})[0]
+
+
+def test_patches_give_the_whole_back_substitution(rng):
+    """Neurons of a convolution bounded in patches (dilation, uneven pads,
+    a convolution right after another, an elementwise map, windows at the
+    borders) equal the back-substitution through whole images."""
+    from cypool.verify import _crown, _patches
+    from cypool.verify._net import Conv, Elementwise
+
+    c1 = Conv(rng.standard_normal((4, 2, 3, 3)), rng.standard_normal(4), (2, 9, 8), (1, 1), (2, 1, 0, 2), (2, 2))
+    c2 = Conv(rng.standard_normal((3, 4, 2, 3)), rng.standard_normal(3), c1.out_shape, (2, 1), (1, 1, 1, 0), (1, 1))
+    c3 = Conv(rng.standard_normal((3, 3, 3, 3)) * 0.5, rng.standard_normal(3), c2.out_shape, (1, 2), (1, 1, 1, 1), (1, 1))
+    el = Elementwise(rng.uniform(-1, 1, c3.out_shape), rng.standard_normal(c3.out_shape))
+    c4 = Conv(rng.standard_normal((2, 3, 2, 2)), rng.standard_normal(2), c3.out_shape, (1, 1), (0, 1, 1, 0), (1, 1))
+    ops = [c1, ReLU(c1.out_shape), c2, c3, el, ReLU(el.out_shape), c4]
+    net = verify.Net(ops, (2, 9, 8), np.float64)
+    lo = rng.standard_normal(net.n_inputs) - 0.5
+    hi = lo + rng.uniform(0, 1, lo.size)
+    pre, relax, _ = _crown.bounds(net, lo, hi, charge=False)
+    for k in (3, 7):  # after c2 and c3 (a conv right after a conv), and the last conv
+        sub = ops[:k] if k == 3 else ops
+        assert _patches.patchable(sub)
+        rows = np.arange(int(np.prod(sub[-1].out_shape)))
+        got_lo, got_neg_hi = _patches.backsub_rows(sub, relax, rows, lo, hi)
+        E = np.concatenate([np.eye(rows.size), -np.eye(rows.size)])
+        want = _crown._backsub(sub, relax, E.reshape((-1,) + sub[-1].out_shape), lo, hi)
+        np.testing.assert_allclose(got_lo, want[:rows.size], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got_neg_hi, want[rows.size:], rtol=1e-12, atol=1e-12)
+    assert not _patches.patchable(ops[:2]) and not _patches.patchable(ops[:5])

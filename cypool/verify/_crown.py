@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._net import Reshape, ReLU
+from ._patches import backsub_rows, patchable
 
 __all__ = ["bounds", "output_lower"]
 
@@ -61,10 +62,16 @@ def _backsub(ops, relax, A, lo, hi):
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         if isinstance(op, ReLU):
+            # stable neurons pass A times a (= s, t = 0); only the unstable
+            # ones (U, t > 0) take the slope by the sign of their coefficient
             a, s, t = relax[i]
-            An = np.minimum(A, 0)
-            const += An.reshape(K, -1) @ t.reshape(-1)
-            A = np.maximum(A, 0) * a + An * s
+            U = np.flatnonzero(t.reshape(-1))  # t > 0 exactly where unstable
+            flat = A.reshape(K, -1)
+            AU = flat[:, U]
+            const += np.minimum(AU, 0) @ t.reshape(-1)[U]
+            flat = flat * a.reshape(-1)
+            flat[:, U] = AU * np.where(AU < 0, s.reshape(-1)[U], a.reshape(-1)[U])
+            A = flat.reshape(A.shape)
         else:
             if op.bias is not None:
                 const += A.reshape(K, -1) @ op.bias.reshape(-1)
@@ -101,10 +108,27 @@ class _Charge:
     def relu(self):
         self.gam += 4 * np.finfo(self.dt).eps
 
+    def of_rows(self, rows):
+        """The charge of the unit rows e_r (and -e_r) of F's flat indices."""
+        return 2 * self.gam * self.F.reshape(-1)[rows] + np.finfo(self.dt).tiny
+
     def of(self, C):
         """The charge of the rows of C (K, *shape of F)."""
         K = C.shape[0]
         return 2 * self.gam * (np.abs(C).reshape(K, -1) @ self.F.reshape(-1)) + np.finfo(self.dt).tiny
+
+
+def _rows(ops, relax, rows, lo, hi):
+    """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
+    ops[-1]'s output: in patches where ops allow it, else whole."""
+    if patchable(ops):
+        return backsub_rows(ops, relax, rows, lo, hi)
+    n = int(np.prod(ops[-1].out_shape))
+    A = np.zeros((2 * rows.size, n), lo.dtype)
+    A[np.arange(rows.size), rows] = 1
+    A[rows.size + np.arange(rows.size), rows] = -1
+    lb = _backsub(ops, relax, A.reshape((-1,) + ops[-1].out_shape), lo, hi)
+    return lb[:rows.size], lb[rows.size:]
 
 
 def _interval(op, c, r, charge):
@@ -145,15 +169,12 @@ def bounds(net, lo, hi, *, charge=True):
         if relax or affine_since_relu > 1:
             rows = np.flatnonzero((l < 0) & (u > 0))
             if rows.size:
-                n = l.size
-                A = np.zeros((2 * rows.size, n), dt)
-                A[np.arange(rows.size), rows] = 1
-                A[rows.size + np.arange(rows.size), rows] = -1
-                lb = _backsub(net.ops[:i], relax, A.reshape((-1,) + op.in_shape), lo, hi)
+                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi)
                 if ch is not None:
-                    lb -= ch.of(A)
-                l[rows] = np.maximum(l[rows], lb[:rows.size])
-                u[rows] = np.minimum(u[rows], -lb[rows.size:])
+                    lower -= ch.of_rows(rows)
+                    neg_upper -= ch.of_rows(rows)
+                l[rows] = np.maximum(l[rows], lower)
+                u[rows] = np.minimum(u[rows], -neg_upper)
         pre[i] = (l, u)
         relax[i] = tuple(v.reshape(op.in_shape) for v in relaxation(l, u))
         lo_out = np.maximum(l, 0).reshape((1,) + op.in_shape)

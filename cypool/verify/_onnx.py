@@ -102,7 +102,8 @@ def load_onnx(path, *, dtype=np.float64) -> Net:
     ----------
     path : str or os.PathLike
     dtype : float64 (default) or float32
-        The dtype the weights are held and bounds computed in.
+        The dtype of the weights and of ``forward``. :func:`check`
+        computes in float64 either way (float32 values are exact there).
     """
     onnx, nh = _onnx()
     dt = np.dtype(dtype)
@@ -126,7 +127,30 @@ def load_onnx(path, *, dtype=np.float64) -> Net:
     outs = [o.name for o in model.graph.output]
     if outs != [g.data]:
         raise ValueError(f"net: the graph's output {outs} is not the end of the chain ({g.data!r})")
-    return Net(g.ops, g.input_shape, dt)
+    return Net(_folded(g.ops), g.input_shape, dt)
+
+
+def _folded(ops):
+    """ops with each elementwise map folded into the dense layer or
+    convolution right before it (a convolution only where the scale is
+    one number a channel): fewer layers to bound, the same function."""
+    out = []
+    for op in ops:
+        prev = out[-1] if out else None
+        if isinstance(op, Elementwise) and isinstance(prev, Dense):
+            prev.W = prev.W * op.scale[:, None]
+            prev.bias = prev.bias * op.scale + op.bias
+            prev._absW = None
+            continue
+        if isinstance(op, Elementwise) and isinstance(prev, Conv):
+            per = op.scale.reshape(op.scale.shape[0], -1)
+            if (per == per[:, :1]).all():
+                prev.w = prev.w * per[:, 0].reshape(-1, 1, 1, 1)
+                prev.bias = prev.bias * op.scale + op.bias
+                prev._absw = None
+                continue
+        out.append(op)
+    return out
 
 
 _CONST_OPS = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Constant"}
