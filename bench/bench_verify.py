@@ -24,6 +24,12 @@ digits scaled to 28x28 (nothing is downloaded): ERAN's ConvSmall (Conv 16
 ConvMed-sized one (the two convolutions padded by 1, Dense 1000).
 
 Run: python bench/bench_verify.py [--threads N] [--quick] [--images K]
+
+VNN-COMP mode (bench/_vnncomp.py): real networks and properties, through
+cypool.verify and auto_LiRPA's CROWN; with no folder named, the shared
+VNN-COMP 2021 folders beside the checkout, where present:
+
+    python bench/bench_verify.py --vnncomp [DIR ...] [--threads N]
 """
 from __future__ import annotations
 
@@ -366,8 +372,32 @@ def plot(results, path):
     return path
 
 
+def vnncomp_folders(argv):
+    """The folders after --vnncomp (taken out of argv), or None."""
+    if "--vnncomp" not in argv:
+        return None
+    k = argv.index("--vnncomp")
+    end = k + 1
+    while end < len(argv) and not argv[end].startswith("--"):
+        end += 1
+    folders = argv[k + 1:end]
+    del argv[k:end]
+    if not folders:
+        shared = os.path.join(HERE, "..", "..", "shared", "vnncomp2021")
+        folders = sorted(os.path.join(shared, d) for d in os.listdir(shared)) if os.path.isdir(shared) else []
+    return folders
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    folders = vnncomp_folders(argv)
+    if folders is not None:
+        import _vnncomp
+
+        args, n, _ = start(__doc__, argv, quick_repeats=1)
+        if _vnncomp.main(folders, n, limit=3 if args.quick else None):
+            sys.exit(1)
+        return
     images = None
     if "--images" in argv:
         k = argv.index("--images")
