@@ -375,8 +375,8 @@ def show_config(mode: str = "stdout", *, file: TextIO | None = None) -> dict | N
     for name, missing in k["not_used"].items():
         print(f"{name} built but not used: this CPU lacks {', '.join(missing)}", file=out)
     if omp["found"]:
-        print(f"OpenMP: yes (_OPENMP {omp['version']}); default threads: {omp['default_threads']}",
-              file=out)
+        print(f"OpenMP: yes (_OPENMP {omp['version']}); default threads: {omp['default_threads']}; "
+              f"thread team: {omp['team']}", file=out)
     else:
         print("OpenMP: no (serial build); default threads: 1", file=out)
     threading = ("free-threaded build, GIL " + ("on" if py["gil_enabled"] else "off")

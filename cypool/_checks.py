@@ -69,7 +69,7 @@ def kernel_dtype(dtype: np.dtype, name: str, floating_only: bool = False) -> np.
     """The dtype the kernels compute in for an array of this dtype."""
     kd = _COMPUTE.get(dtype)
     if kd is not None:
-        if floating_only and kd not in FLOAT_DTYPES:
+        if floating_only and (kd not in FLOAT_DTYPES or dtype != kd):
             raise TypeError(f"{name} must be float32 or float64, got {dtype}")
         return kd
     raise TypeError(
@@ -88,7 +88,8 @@ def array(x, name: str, ndims: tuple[int, ...], floating_only: bool = False):
             raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
     kd = kernel_dtype(x.dtype, name, floating_only)
     if x.ndim not in ndims:
-        want = " or ".join(str(n) for n in ndims)
+        run = len(ndims) > 2 and ndims == tuple(range(ndims[0], ndims[-1] + 1))
+        want = f"{ndims[0]} to {ndims[-1]}" if run else " or ".join(str(n) for n in ndims)
         raise ValueError(f"{name} must have {want} dimensions, got shape {x.shape}")
     if 0 in x.shape:
         raise ValueError(f"{name} must not have an empty dimension, got shape {x.shape}")
@@ -268,9 +269,9 @@ def pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation,
                           hashable(dilation), bool(ceil_mode))
 
 
-@lru_cache(maxsize=512)
-def _pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
-    kernel_size, stride, padding, dilation = (unhashable(k) for k in (kernel_size, stride, padding, dilation))
+def pool_params(kernel_size, stride, padding, dilation):
+    """The checks of a max pooling's parameters that need no input shape:
+    (kh, kw, sh, sw, ph, pw, dh, dw)."""
     kh, kw, sh, sw, ph, pw = window_params(kernel_size, stride, padding)
     dh, dw = _bounded(pair(dilation, "dilation"), "dilation")
     if dh < 1 or dw < 1:
@@ -279,6 +280,13 @@ def _pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_
         raise ValueError(
             f"padding must be between 0 and kernel_size // 2 = {(kh // 2, kw // 2)}, got {(ph, pw)}"
         )
+    return kh, kw, sh, sw, ph, pw, dh, dw
+
+
+@lru_cache(maxsize=512)
+def _pool_geometry(H: int, W: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
+    kernel_size, stride, padding, dilation = (unhashable(k) for k in (kernel_size, stride, padding, dilation))
+    kh, kw, sh, sw, ph, pw, dh, dw = pool_params(kernel_size, stride, padding, dilation)
     OH = _out_size(H, kh, sh, ph, dh, ceil_mode)
     OW = _out_size(W, kw, sw, pw, dw, ceil_mode)
     if OH < 1 or OW < 1:

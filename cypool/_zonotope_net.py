@@ -148,7 +148,11 @@ class Network:
         tail = None  # a ReLU's new generators not yet written: (idx, mu)
         for pos, layer in enumerate(layers):
             t0 = time.perf_counter()
-            z, tail = _step(layers, pos, z, tail, ws)
+            try:
+                z, tail = _step(layers, pos, z, tail, ws)
+            except ValueError as e:  # name the layer: the input may not be the size it was built for
+                k = len(self.layers) - len(layers) + pos
+                raise ValueError(f"layers[{k}] ({type(layer).__name__}): {e}") from None
             if times is not None:
                 key = type(layer).__name__
                 times[key] = times.get(key, 0.0) + time.perf_counter() - t0

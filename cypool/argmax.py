@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
-from ._backend import SERIAL_BELOW, kernel, threads_for
+from ._backend import SERIAL_BELOW as _SERIAL_BELOW, kernel, threads_for
 
 __all__ = ["argmax2d"]
 
@@ -52,7 +52,7 @@ def argmax2d(x, *, return_values=False, index_dtype=np.int64, num_threads=None):
     coords = np.empty((P, 2), dtype=idt)
     threads = threads_for(nt, maps.size, P * max(1, n // _MIN_SEGMENT))
     segments = 1
-    if threads > P and n >= 2 * _MIN_SEGMENT and maps.size >= SERIAL_BELOW:
+    if threads > P and n >= 2 * _MIN_SEGMENT and maps.size >= _SERIAL_BELOW:
         segments = min(-(-threads // P), n // _MIN_SEGMENT)
     kernel("argmax2d", kd, idt)(maps, values, coords, W, segments, threads)
     coords = coords.reshape(lead + (2,))

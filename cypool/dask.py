@@ -305,7 +305,7 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=1):
     raise ValueError when the graph is computed, as in memory."""
     g = _dask(grad_output, "grad_output")
     ix = _dask(indices, "indices")
-    _, _, ishadow, shape = _pooling.backward_args(_shadow(g), _shadow(ix), input_shape)
+    _, _, ishadow, shape = _pooling._backward_args(_shadow(g), _shadow(ix), input_shape)
     nt = chk.num_threads_arg(num_threads) or None
     H, W = shape[-2:]
     g = g.rechunk({g.ndim - 2: -1, g.ndim - 1: -1})
@@ -372,11 +372,11 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
 
 
 def _input_grad_block(g, x, weight, params, small_e, num_threads):
-    return _vconv.backward(g, x, weight, *params, True, False, num_threads, small_e)[0]
+    return _vconv._backward(g, x, weight, *params, True, False, num_threads, small_e)[0]
 
 
 def _weight_grad_block(g, x, weight, params, small_e, nb, num_threads):
-    gw = _vconv.backward(g, x, weight, *params, False, True, num_threads, small_e)[1]
+    gw = _vconv._backward(g, x, weight, *params, False, True, num_threads, small_e)[1]
     return gw[(None,) * nb]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _checks as chk
 from .argmax import argmax2d
-from .pooling import backward_from_forward, max_pool2d, max_pool2d_backward, max_unpool2d, max_unpool2d_backward
+from .pooling import _backward_from_forward, max_pool2d, max_pool2d_backward, max_unpool2d, max_unpool2d_backward
 from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
 from . import zonotope
@@ -73,8 +73,7 @@ class MaxPool2d(Layer):
         self.index_dtype = index_dtype
         self.num_threads = num_threads
         # Check the parameters now, not at the first forward.
-        chk.window_params(kernel_size, stride, padding)
-        chk.pair(dilation, "dilation")
+        chk.pool_params(kernel_size, stride, padding, dilation)
         chk.num_threads_arg(num_threads)
 
     @property
@@ -95,7 +94,7 @@ class MaxPool2d(Layer):
     def backward(self, grad_output):
         """Gradient with respect to the last forward's input."""
         idx, shape = self._saved()
-        return backward_from_forward(grad_output, idx, shape, self.num_threads)
+        return _backward_from_forward(grad_output, idx, shape, self.num_threads)
 
     def __repr__(self):
         return (f"MaxPool2d(kernel_size={self.kernel_size}, stride={self.stride}, "

@@ -173,11 +173,11 @@ def max_pool2d_backward(grad_output, indices, input_shape, *, num_threads=None):
         If shapes disagree, input_shape cannot have produced grad_output, or
         an index lies outside ``[0, H*W)`` (nothing is written then).
     """
-    grad_output, kd, indices, shape = backward_args(grad_output, indices, input_shape)
+    grad_output, kd, indices, shape = _backward_args(grad_output, indices, input_shape)
     return _backward(grad_output, kd, indices, shape, num_threads)
 
 
-def backward_args(grad_output, indices, input_shape):
+def _backward_args(grad_output, indices, input_shape):
     """max_pool2d_backward's checks: (grad_output, kernel dtype, indices,
     input_shape as a tuple)."""
     grad_output, kd = chk.array(grad_output, "grad_output", (3, 4))
@@ -195,7 +195,7 @@ def _backward(grad_output, kd, indices, input_shape, num_threads):
                   num_threads, "[0, H*W)", (grad_output.shape[-1], input_shape[-1]))
 
 
-def backward_from_forward(grad_output, indices: np.ndarray, input_shape: tuple, num_threads):
+def _backward_from_forward(grad_output, indices: np.ndarray, input_shape: tuple, num_threads):
     """max_pool2d_backward for a MaxPool2d layer: indices and input_shape are
     those its own forward produced and kept (checked then), so only
     grad_output is checked here, which matters at batch size one."""

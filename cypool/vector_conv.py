@@ -100,11 +100,11 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
                                     num_threads)
     if grads is not None:  # a repeat of a checked small call at E = 1
         return grads
-    return backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad,
+    return _backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad,
                     needs_weight_grad, num_threads)
 
 
-def backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad, needs_weight_grad,
+def _backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad, needs_weight_grad,
              num_threads, small_e=None):
     """vector_conv2d_backward after the C memo; small_e chooses the kernels
     (None: as the public function does; see engine.vector_backward)."""

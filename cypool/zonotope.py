@@ -145,7 +145,7 @@ def linear(z, weight, bias=None, *, out=None, num_threads=None) -> np.ndarray:
     D = z.shape[-2]
     if weight.shape[1] != D:
         raise ValueError(f"weight has {weight.shape[1]} input features but z has {D} neurons "
-                         f"(z shape {z.shape}; flatten a (C, H, W, E) zonotope first)")
+                         f"(z shape {z.shape})")
     b = chk.bias_arg(bias, weight.shape[0], z.dtype)
     nt = chk.num_threads_arg(num_threads)
     shape = z.shape[:-2] + (weight.shape[0], z.shape[-1])

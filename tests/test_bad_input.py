@@ -103,6 +103,10 @@ def test_layer_rejects_bad_parameters_at_construction():
         cypool.MaxPool2d("2")
     with pytest.raises(ValueError, match="num_threads"):
         cypool.MaxPool2d(2, num_threads=-1)
+    with pytest.raises(ValueError, match="padding must be between 0 and kernel_size // 2"):
+        cypool.MaxPool2d(2, padding=2)
+    with pytest.raises(ValueError, match="dilation must be positive"):
+        cypool.MaxPool2d(2, dilation=0)
 
 
 CX = np.zeros((1, 2, 6, 6), np.float32)

@@ -295,3 +295,14 @@ def test_a_first_affine_with_a_negative_scale_maps_the_box(rng):
     for layer in net.layers:
         z = layer.forward(z)
     np.testing.assert_allclose(margins, Z.certify(z, 0, return_margins=True)[1], rtol=1e-9, atol=1e-9)
+
+
+def test_an_input_of_another_size_names_the_layer(rng):
+    layers = [cypool.Conv2d(1, 2, 3, stride=2, padding=1, rng=0), cypool.ReLU(), cypool.Flatten(),
+              cypool.Linear(32, 3, rng=0)]
+    net = Z.Network.from_layers(layers)
+    with pytest.raises(ValueError, match=r"layers\[3\] \(VectorLinear\): weight has 32 input features "
+                                         r"but z has 50 neurons"):
+        net.certify(rng.random((1, 9, 9)), 0.1, 0)
+    with pytest.raises(ValueError, match=r"layers\[3\] \(VectorLinear\)"):
+        net.predict(rng.random((1, 9, 9)))

@@ -29,6 +29,8 @@ def test_show_config_reports_the_choice(capsys):
     out = capsys.readouterr().out
     assert f"cypool kernels: {_backend.ISA}" in out and "OpenMP" in out
     assert f"numpy {np.__version__}" in out and platform.python_version() in out
+    team = cypool.show_config(mode="dicts")["openmp"]["team"]
+    assert team == "none" or f"thread team: {team}" in out  # the README says it prints the team
 
 
 def test_show_config_dicts_say_what_the_text_says(capsys):
