@@ -15,17 +15,17 @@ Cython + OpenMP kernels behind numpy functions and layer classes:
   :class:`VectorFlatten`, and the numpy layers :class:`Linear`,
   :class:`ReLU`, :class:`Flatten` to train the networks it certifies.
 """
+from ._version import __version__
 from ._backend import show_config
 from .argmax import argmax2d
 from .pooling import max_pool2d, max_pool2d_backward, max_unpool2d, max_unpool2d_backward
 from .conv import conv2d, conv2d_backward
 from .vector_conv import vector_conv2d, vector_conv2d_backward
 from .layers import (Conv2d, Flatten, GlobalMaxPool2d, Layer, Linear, MaxPool2d, MaxUnpool2d, ReLU,
-                     VectorAvgPool2d, VectorChannelAffine, VectorConv2d, VectorFlatten, VectorLinear,
-                     VectorReLU)
+                     VectorConv2d)
 from . import zonotope
+from .zonotope import VectorAvgPool2d, VectorChannelAffine, VectorFlatten, VectorLinear, VectorReLU
 
-__version__ = "0.1.0"
 
 __all__ = [
     "max_pool2d",

@@ -26,6 +26,8 @@ from typing import TextIO
 
 import numpy as np
 
+from ._version import __version__
+
 # Instruction-set levels, best first: (name, numpy CPU features it needs).
 # x86-64-v3 is AVX, AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE; older numpy has no
 # "X86_V3" key, so the parts are checked instead. x86-64-v4 adds AVX-512
@@ -315,8 +317,6 @@ def _config() -> dict:
     import platform
     import sys
     import sysconfig
-
-    from . import __version__
 
     has_omp, omp_version, nthreads = kernels.openmp_info()
     forced = os.environ.get(ISA_ENV)

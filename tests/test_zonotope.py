@@ -7,8 +7,9 @@ import pytest
 import cypool
 import reference as ref
 from cypool import _checks as chk
-from cypool import _zonotope_net as N
-from cypool import _zonotope_ops as zops
+from cypool.zonotope import _fused as fused
+from cypool.zonotope import _network as N
+from cypool.zonotope import _ops as zops
 from cypool import zonotope as Z
 from helpers import torch_or_skip
 
@@ -617,11 +618,11 @@ def test_first_convolution_without_the_box(rng, stride, padding, dilation):
     eps = rng.choice([0.0, 0.05], size=x.shape)
     x[0, 0, :2] = [0.0, 1.0]
     ws = N._Workspace()
-    got = N._box_conv(x, eps, (0.0, 1.0), conv, ws.taker(None))
+    got = fused.box_conv(x, eps, (0.0, 1.0), conv, ws.taker(None))
     want = conv.forward(Z.from_box(x, eps))
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(got[..., 1:], want[..., 1:])  # each generator is one product
-    assert N._box_conv(x.reshape(-1), eps.reshape(-1), (0.0, 1.0), conv, ws.taker(None)) is None
+    assert fused.box_conv(x.reshape(-1), eps.reshape(-1), (0.0, 1.0), conv, ws.taker(None)) is None
 
 
 def test_network_hands_new_generators_apart(rng):
@@ -704,7 +705,7 @@ def test_banded_head_matches_reference(rng, C, s1, p1, d1, s2, p2, d2):
             np.testing.assert_allclose(m, want_m, rtol=1e-9, atol=1e-9)
         # the head alone against the layers one by one: the same bounds
         ws = N._Workspace()
-        z = N._banded_head(x, eps, (0.0, 1.0), *head.layers, ws, None)
+        z = fused.banded_head(x, eps, (0.0, 1.0), *head.layers, ws, None)
         want = head.layers[0].forward(Z.from_box(x, eps))
         want = head.layers[2].forward(Z.relu(want))
         assert z.shape == want.shape

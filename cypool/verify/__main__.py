@@ -23,6 +23,10 @@ import os
 import sys
 import time
 
+from ._check import check
+from ._onnx import load_onnx
+from ._vnnlib import read_vnnlib
+
 __all__ = ["main", "run_instance", "result_text", "read_instances"]
 
 
@@ -41,8 +45,6 @@ _NETS: dict = {}  # a worker's networks, read once
 
 def run_instance(net_path, spec_path, timeout=None, num_threads=None):
     """(result word, seconds, result file text) of one instance."""
-    from . import check, load_onnx, read_vnnlib
-
     t0 = time.perf_counter()
     net = _NETS.get(net_path)
     if net is None:

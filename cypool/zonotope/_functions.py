@@ -1,38 +1,14 @@
-"""Zonotopes for certifying networks: DeepZ, end to end.
-
-A zonotope is a numpy array whose last axis holds, for every neuron,
-component 0 (the centre) and then the generators: neuron ``i`` takes the
-values ``z[i, 0] + sum_j z[i, j] * e_j`` for every choice of the error terms
-``e_j`` in ``[-1, 1]``, the same ``e_j`` for all neurons. An image is
-``(C, H, W, E)``, the layout :func:`cypool.vector_conv2d` convolves, and a
-dense activation ``(D, E)``: the dense form of ELINA's affine forms, with
-the generators last.
-
-Certifying one image against an L-infinity perturbation of ``eps``::
-
-    z = from_box(x, eps)                      # (C, H, W, 1 + n)
-    z = conv2d(z, w1, b1, stride=2)           # cypool.vector_conv2d
-    z = relu(z)                               # DeepZ: grows E
-    z = linear(flatten(z), w2, b2)            # (O, E)
-    ok = certify(z, label)
-
-or :class:`Network` for a whole trained stack. Results are not sound under
-floating-point rounding: every bound is computed in the array's dtype with
-ordinary rounding (as the DeepZ of the Adversarial Robustness Toolbox and
-the PyTorch zonotopes of MN-BaB do; ERAN's ELINA rounds outwards and is
-sound). float64, the default, keeps the error far below any margin that
-matters; float32 runs about twice as fast.
-"""
+"""The zonotope functions: the input box, bounds, the DeepZ ReLU, the
+dense layer, flatten, certify (cypool.zonotope's docstring)."""
 from __future__ import annotations
 
 import numpy as np
 
-from . import _checks as chk
-from ._zonotope_ops import (as_zonotope, bounds_rows, dense_into, from_box_into, relu_into,
-                             rows)
-from .vector_conv import vector_conv2d as conv2d
+from .. import _checks as chk
+from ..vector_conv import vector_conv2d as conv2d
+from ._ops import as_zonotope, bounds_rows, dense_into, from_box_into, relu_into, rows
 
-__all__ = ["from_box", "bounds", "relu", "linear", "flatten", "conv2d", "certify", "Network"]
+__all__ = ["from_box", "bounds", "relu", "linear", "flatten", "conv2d", "certify"]
 
 
 def from_box(x, eps, clip=(0.0, 1.0), *, dtype=np.float64) -> np.ndarray:
@@ -209,7 +185,3 @@ def certify(z_logits, label, *, return_margins=False):
     if batch is None:
         ok, margins = bool(ok[0]), margins[0]
     return (ok, margins) if return_margins else ok
-
-
-# The whole network, re-exported here where its users look for it.
-from ._zonotope_net import Network  # noqa: E402

@@ -1,5 +1,4 @@
-"""The zonotope passes behind cypool.zonotope, its layers (layers.py) and
-Network (_zonotope_net.py): checks of a zonotope and of an input box, the
+"""The zonotope passes behind the functions, the layers and Network: checks of a zonotope and of an input box, the
 box's zonotope, each neuron's bounds, the DeepZ ReLU and the dense layer,
 each into an output that the caller allocates (np.empty, or a Network's
 reused buffers)."""
@@ -7,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _checks as chk
-from ._backend import kernel, threads_for, work
+from .. import _checks as chk
+from .._backend import kernel, threads_for, work
 
 
 def as_zonotope(z, name: str = "z", ndims: tuple | None = None) -> np.ndarray:
