@@ -156,8 +156,9 @@ static void test_late_thread_does_not_hold_the_region(void) {
 /* A team thread preempted in the middle of its work: it shares CPU a with
  * a spinning thread (as it would with another library's spinning worker),
  * the calling thread runs on CPU b and has no work left. The calling
- * thread moves it onto CPU b, where it runs alone: its 30 ms of work take
- * about 30 ms, not the 60 ms of half a CPU. */
+ * thread moves it onto CPU b, where it runs alone (its 30 ms of work take
+ * about 30 ms, not the 60 ms of half a CPU; bench_mixed.py measures that):
+ * the team's count of moves must grow. */
 static int hog_stop;
 static int hog_cpu, caller_cpu_for_test;
 
@@ -233,7 +234,9 @@ static void test_preempted_thread_moves_to_the_calling_cpu(void) {
     CHECK(tries < 20, "no team thread took thread number 1 in 20 regions");
     CHECK(c1[5] > c0[5], "the preempted team thread was not moved (pulled %llu)",
           (unsigned long long)(c1[5] - c0[5]));
-    CHECK(took < 45000000, "30 ms of work on a shared CPU took %.1f ms", took / 1e6);
+    /* Whether it ran alone there is a matter of time, which a loaded
+     * machine stretches: the count above is the check, this a hang guard. */
+    CHECK(took < 1000000000, "30 ms of work on a shared CPU took %.1f ms", took / 1e6);
     /* Its mask back to the process's for the checks that follow. */
     for (tries = 0; tries < 200; tries++) {
         int on_team = 0;
