@@ -24,6 +24,8 @@ except ImportError:  # pragma: no cover - exercised where torch is missing
                       "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu") from None
 
 import numpy as np
+from torch._C._functorch import is_functorch_wrapped_tensor as _functorch_wrapped
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_mode
 
 from . import _checks as chk
 from .argmax import argmax2d as _np_argmax2d
@@ -54,11 +56,13 @@ def _out_len(n, k, s, p, d):
     return (n + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-@torch.library.custom_op("cypool::vector_conv2d", mutates_args=())
-def _vector_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int],
+def _vector_conv2d_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int],
                    padding: List[int], dilation: List[int], num_threads: int) -> Tensor:
     return torch.from_numpy(_np_vector_conv2d(_np(x), _np(weight), _np(bias), tuple(stride), tuple(padding),
                                               tuple(dilation), num_threads=_nt(num_threads)))
+
+
+_vector_conv2d = torch.library.custom_op("cypool::vector_conv2d", _vector_conv2d_impl, mutates_args=())
 
 
 @_vector_conv2d.register_fake
@@ -70,8 +74,7 @@ def _(x, weight, bias, stride, padding, dilation, num_threads):
     return x.new_empty(tuple(x.shape[:-4]) + (O, OH, OW, x.shape[-1]))
 
 
-@torch.library.custom_op("cypool::vector_conv2d_backward", mutates_args=())
-def _vector_conv2d_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int],
+def _vector_conv2d_backward_impl(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int],
                             dilation: List[int], needs: List[bool], num_threads: int
                             ) -> Tuple[Tensor, Tensor, Tensor]:
     gx, gw, gb = _np_vector_conv2d_backward(_np(grad), _np(x), _np(weight), tuple(stride), tuple(padding),
@@ -80,6 +83,10 @@ def _vector_conv2d_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: Lis
     return (torch.from_numpy(gx) if needs[0] else _empty(x.dtype),
             torch.from_numpy(gw) if needs[1] else _empty(x.dtype),
             torch.from_numpy(gb) if needs[2] else _empty(x.dtype))
+
+
+_vector_conv2d_backward = torch.library.custom_op("cypool::vector_conv2d_backward",
+                                                  _vector_conv2d_backward_impl, mutates_args=())
 
 
 def _conv_backward_fake(grad, x, weight, stride, padding, dilation, needs, num_threads):
@@ -116,11 +123,13 @@ _vector_conv2d.register_autograd(_conv_grads(_vector_conv2d_backward), setup_con
 
 # --- the standard convolution ----------------------------------------------------
 
-@torch.library.custom_op("cypool::conv2d", mutates_args=())
-def _conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
+def _conv2d_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
             dilation: List[int], num_threads: int) -> Tensor:
     return torch.from_numpy(_np_conv2d(_np(x), _np(weight), _np(bias), tuple(stride), tuple(padding),
                                        tuple(dilation), num_threads=_nt(num_threads)))
+
+
+_conv2d = torch.library.custom_op("cypool::conv2d", _conv2d_impl, mutates_args=())
 
 
 @_conv2d.register_fake
@@ -131,8 +140,7 @@ def _(x, weight, bias, stride, padding, dilation, num_threads):
     return x.new_empty(tuple(x.shape[:-3]) + (O, OH, OW))
 
 
-@torch.library.custom_op("cypool::conv2d_backward", mutates_args=())
-def _conv2d_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int],
+def _conv2d_backward_impl(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int],
                      dilation: List[int], needs: List[bool], num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
     gx, gw, gb = _np_conv2d_backward(_np(grad), _np(x), _np(weight), tuple(stride), tuple(padding),
                                      tuple(dilation), needs_input_grad=needs[0], needs_weight_grad=needs[1],
@@ -142,6 +150,7 @@ def _conv2d_backward(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int],
             torch.from_numpy(np.ascontiguousarray(gb)) if needs[2] else _empty(x.dtype))
 
 
+_conv2d_backward = torch.library.custom_op("cypool::conv2d_backward", _conv2d_backward_impl, mutates_args=())
 _conv2d_backward.register_fake(_conv_backward_fake)
 _conv2d.register_autograd(_conv_grads(_conv2d_backward), setup_context=_conv_setup)
 
@@ -156,12 +165,15 @@ def _pool_len(n, k, s, p, d, ceil_mode):
     return out
 
 
-@torch.library.custom_op("cypool::max_pool2d_with_indices", mutates_args=())
-def _max_pool2d_with_indices(x: Tensor, kernel_size: List[int], stride: List[int], padding: List[int],
+def _max_pool2d_with_indices_impl(x: Tensor, kernel_size: List[int], stride: List[int], padding: List[int],
                              dilation: List[int], ceil_mode: bool, num_threads: int) -> Tuple[Tensor, Tensor]:
     values, indices = _np_max_pool2d(_np(x), tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation),
                                      ceil_mode, True, num_threads=_nt(num_threads))
     return torch.from_numpy(values), torch.from_numpy(indices)
+
+
+_max_pool2d_with_indices = torch.library.custom_op("cypool::max_pool2d_with_indices",
+                                                   _max_pool2d_with_indices_impl, mutates_args=())
 
 
 @_max_pool2d_with_indices.register_fake
@@ -172,10 +184,13 @@ def _(x, kernel_size, stride, padding, dilation, ceil_mode, num_threads):
     return x.new_empty(shape), x.new_empty(shape, dtype=torch.int64)
 
 
-@torch.library.custom_op("cypool::max_pool2d_backward", mutates_args=())
-def _max_pool2d_backward(grad: Tensor, indices: Tensor, x: Tensor, num_threads: int) -> Tensor:
+def _max_pool2d_backward_impl(grad: Tensor, indices: Tensor, x: Tensor, num_threads: int) -> Tensor:
     return torch.from_numpy(_np_max_pool2d_backward(_np(grad), _np(indices), tuple(x.shape),
                                                     num_threads=_nt(num_threads)))
+
+
+_max_pool2d_backward = torch.library.custom_op("cypool::max_pool2d_backward", _max_pool2d_backward_impl,
+                                               mutates_args=())
 
 
 @_max_pool2d_backward.register_fake
@@ -189,24 +204,71 @@ def _pool_setup(ctx, inputs, output):
     ctx.num_threads = num_threads
 
 
-def _pool_backward(ctx, grad, grad_indices):
-    indices, x = ctx.saved_tensors
-    return _max_pool2d_backward(grad, indices, x, ctx.num_threads), None, None, None, None, None, None
+def _pool_grads(op):
+    def backward(ctx, grad, grad_indices):
+        indices, x = ctx.saved_tensors
+        return op(grad, indices, x, ctx.num_threads), None, None, None, None, None, None
+    return backward
 
 
-_max_pool2d_with_indices.register_autograd(_pool_backward, setup_context=_pool_setup)
+_max_pool2d_with_indices.register_autograd(_pool_grads(_max_pool2d_backward), setup_context=_pool_setup)
 
 
 # --- argmax ----------------------------------------------------------------------
 
-@torch.library.custom_op("cypool::argmax2d", mutates_args=())
-def _argmax2d(x: Tensor, num_threads: int) -> Tensor:
+def _argmax2d_impl(x: Tensor, num_threads: int) -> Tensor:
     return torch.from_numpy(_np_argmax2d(_np(x), num_threads=_nt(num_threads)))
+
+
+_argmax2d = torch.library.custom_op("cypool::argmax2d", _argmax2d_impl, mutates_args=())
 
 
 @_argmax2d.register_fake
 def _(x, num_threads):
     return x.new_empty(tuple(x.shape[:-2]) + (2,), dtype=torch.int64)
+
+
+# --- eager calls: the kernels directly ------------------------------------------
+# An eager call on plain CPU tensors skips the dispatcher (about 10 us a call)
+# and custom_op's autograd wrapper (about 40 us): it runs the same
+# implementation, and its backward the same backward implementation, in an
+# autograd.Function. While a graph is traced, under a dispatch mode or a
+# functorch transform, the operators run.
+
+def _eager(*tensors) -> bool:
+    if torch.compiler.is_compiling() or _current_mode() is not None:
+        return False
+    return all(t is None or ((type(t) is Tensor or type(t) is torch.nn.Parameter)
+                             and not _functorch_wrapped(t)) for t in tensors)
+
+
+def _wants_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _function(name, impl, setup, backward, non_differentiable=()):
+    """An autograd.Function running impl forward and backward (eager calls)."""
+    def forward(ctx, *args):
+        out = impl(*args)
+        setup(ctx, args, out)
+        for k in non_differentiable:
+            ctx.mark_non_differentiable(out[k])
+        return out
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                    "backward": staticmethod(backward)})
+
+
+_VectorConvFn = _function("_VectorConvFn", _vector_conv2d_impl, _conv_setup,
+                          _conv_grads(_vector_conv2d_backward_impl))
+_ConvFn = _function("_ConvFn", _conv2d_impl, _conv_setup, _conv_grads(_conv2d_backward_impl))
+_PoolFn = _function("_PoolFn", _max_pool2d_with_indices_impl, _pool_setup,
+                    _pool_grads(_max_pool2d_backward_impl), non_differentiable=(1,))
+
+
+def _run(op, impl, fn, args, tensors):
+    if not _eager(*tensors):
+        return op(*args)
+    return fn.apply(*args) if fn is not None and _wants_grad(*tensors) else impl(*args)
 
 
 # --- the public functions: checks, then the operator ---------------------------
@@ -259,14 +321,16 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     E)`` or ``(N, C, H, W, E)``, weight ``(O, C, kh, kw)``, bias ``(O,)``
     added to component 0 only."""
     s, p, d = _conv_args(x, weight, bias, stride, padding, dilation, (4, 5), -4)
-    return _vector_conv2d(x, weight, bias, s, p, d, _threads(num_threads))
+    return _run(_vector_conv2d, _vector_conv2d_impl, _VectorConvFn,
+                (x, weight, bias, s, p, d, _threads(num_threads)), (x, weight, bias))
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_threads=None) -> Tensor:
     """:func:`cypool.conv2d` on tensors (``F.conv2d`` with groups 1), with
     autograd."""
     s, p, d = _conv_args(x, weight, bias, stride, padding, dilation, (3, 4), -3)
-    return _conv2d(x, weight, bias, s, p, d, _threads(num_threads))
+    return _run(_conv2d, _conv2d_impl, _ConvFn, (x, weight, bias, s, p, d, _threads(num_threads)),
+                (x, weight, bias))
 
 
 def max_pool2d_with_indices(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, *,
@@ -277,14 +341,15 @@ def max_pool2d_with_indices(x, kernel_size, stride=None, padding=0, dilation=1, 
     _tensor(x, "x", (3, 4))
     k = _pair(kernel_size, "kernel_size")
     s = k if stride is None else _pair(stride, "stride")
-    return _max_pool2d_with_indices(x, k, s, _pair(padding, "padding"), _pair(dilation, "dilation"),
-                                    bool(ceil_mode), _threads(num_threads))
+    args = (x, k, s, _pair(padding, "padding"), _pair(dilation, "dilation"), bool(ceil_mode),
+            _threads(num_threads))
+    return _run(_max_pool2d_with_indices, _max_pool2d_with_indices_impl, _PoolFn, args, (x,))
 
 
 def argmax2d(x, *, num_threads=None) -> Tensor:
     """The ``(row, col)`` of the maximum of every map, int64 ``(..., 2)``."""
     _tensor(x, "x", tuple(range(2, 33)), dtypes=None)
-    return _argmax2d(x, _threads(num_threads))
+    return _run(_argmax2d, _argmax2d_impl, None, (x, _threads(num_threads)), (x,))
 
 
 # --- modules -------------------------------------------------------------------------

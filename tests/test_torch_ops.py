@@ -226,3 +226,50 @@ def test_without_torch_the_import_error_says_how_to_install(monkeypatch):
     monkeypatch.delitem(sys.modules, "cypool.torch")
     with pytest.raises(ImportError, match="CPU build"):
         importlib.import_module("cypool.torch")
+
+
+def test_eager_calls_and_the_operators_agree_with_gradients(rng):
+    """An eager call runs the kernels directly (an autograd.Function); the
+    operators run under tracing: both give the same values and gradients."""
+    ops = torch.ops.cypool
+    x5 = torch.randn(2, 3, 6, 5, 4, dtype=torch.float64)
+    x4 = torch.randn(2, 3, 6, 5, dtype=torch.float64)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    b = torch.randn(4, dtype=torch.float64)
+    cases = [
+        (lambda x, w, b: ct.vector_conv2d(x, w, b, 2, 1),
+         lambda x, w, b: ops.vector_conv2d(x, w, b, [2, 2], [1, 1], [1, 1], 0), (x5, w, b)),
+        (lambda x, w, b: ct.conv2d(x, w, b, 1, 1, 2),
+         lambda x, w, b: ops.conv2d(x, w, b, [1, 1], [1, 1], [2, 2], 0), (x4, w, b)),
+        (lambda x: ct.max_pool2d_with_indices(x, 2, 1, 1)[0],
+         lambda x: ops.max_pool2d_with_indices(x, [2, 2], [1, 1], [1, 1], [1, 1], False, 0)[0], (x4,)),
+    ]
+    for eager, op, inputs in cases:
+        a = [t.clone().requires_grad_() for t in inputs]
+        c = [t.clone().requires_grad_() for t in inputs]
+        ya, yc = eager(*a), op(*c)
+        assert ya.grad_fn is not None and "Fn" in type(ya.grad_fn).__name__  # the eager Function
+        torch.testing.assert_close(ya, yc, rtol=0, atol=0)
+        g = torch.randn(ya.shape, dtype=ya.dtype)
+        ya.backward(g)
+        yc.backward(g)
+        for p, q in zip(a, c):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+        with torch.no_grad():
+            assert eager(*a).grad_fn is None
+    torch.testing.assert_close(ct.argmax2d(x4), ops.argmax2d(x4, 0), rtol=0, atol=0)
+
+
+def test_under_a_dispatch_mode_the_operators_run():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        ct.argmax2d(torch.randn(2, 3, 4))
+    assert any("cypool.argmax2d" in s for s in seen)
