@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 BENCHES = ["bench_cnn.py", "bench_conv.py", "bench_maxpool.py", "bench_argmax.py", "bench_vector_conv.py",
-           "bench_verify.py", "bench_mixed.py", "bench_dask.py"]
+           "bench_verify.py", "bench_mixed.py", "bench_dask.py", "bench_torch.py"]
 
 
 def main(argv=None):
