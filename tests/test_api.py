@@ -10,10 +10,10 @@ PUBLIC = ["cypool", "cypool.pooling", "cypool.argmax", "cypool.conv", "cypool.ve
           "cypool.zonotope", "cypool.layers", "cypool.verify"]
 
 
-@pytest.mark.parametrize("name", PUBLIC + ["cypool.dask"])
+@pytest.mark.parametrize("name", PUBLIC + ["cypool.dask", "cypool.torch"])
 def test_public_modules_define_only_their_all(name):
-    if name == "cypool.dask":
-        pytest.importorskip("dask")
+    if name in ("cypool.dask", "cypool.torch"):
+        pytest.importorskip(name.split(".")[1])
     m = importlib.import_module(name)
     exported = set(m.__all__)
     assert all(hasattr(m, k) for k in exported)
