@@ -52,12 +52,17 @@ def _empty(dtype) -> Tensor:
 
 # --- the vector convolution ----------------------------------------------------
 
-def _out_len(n, k, s, p, d):
-    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+def _conv_fake(x, weight, stride, padding, dilation, h_axis):
+    """An empty output of a convolution whose x has its rows at h_axis."""
+    O, _, kh, kw = weight.shape
+    OH, OW = ((x.shape[h_axis + i] + 2 * padding[i] - dilation[i] * (k - 1) - 1) // stride[i] + 1
+              for i, k in enumerate((kh, kw)))
+    end = x.dim() + h_axis + 2
+    return x.new_empty(tuple(x.shape[:h_axis - 1]) + (O, OH, OW) + tuple(x.shape[end:]))
 
 
 def _vector_conv2d_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int],
-                   padding: List[int], dilation: List[int], num_threads: int) -> Tensor:
+                        padding: List[int], dilation: List[int], num_threads: int) -> Tensor:
     return torch.from_numpy(_np_vector_conv2d(_np(x), _np(weight), _np(bias), tuple(stride), tuple(padding),
                                               tuple(dilation), num_threads=_nt(num_threads)))
 
@@ -67,11 +72,7 @@ _vector_conv2d = torch.library.custom_op("cypool::vector_conv2d", _vector_conv2d
 
 @_vector_conv2d.register_fake
 def _(x, weight, bias, stride, padding, dilation, num_threads):
-    O, _, kh, kw = weight.shape
-    H, W = x.shape[-3], x.shape[-2]
-    OH = _out_len(H, kh, stride[0], padding[0], dilation[0])
-    OW = _out_len(W, kw, stride[1], padding[1], dilation[1])
-    return x.new_empty(tuple(x.shape[:-4]) + (O, OH, OW, x.shape[-1]))
+    return _conv_fake(x, weight, stride, padding, dilation, -3)
 
 
 def _vector_conv2d_backward_impl(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int],
@@ -124,7 +125,7 @@ _vector_conv2d.register_autograd(_conv_grads(_vector_conv2d_backward), setup_con
 # --- the standard convolution ----------------------------------------------------
 
 def _conv2d_impl(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
-            dilation: List[int], num_threads: int) -> Tensor:
+                 dilation: List[int], num_threads: int) -> Tensor:
     return torch.from_numpy(_np_conv2d(_np(x), _np(weight), _np(bias), tuple(stride), tuple(padding),
                                        tuple(dilation), num_threads=_nt(num_threads)))
 
@@ -134,10 +135,7 @@ _conv2d = torch.library.custom_op("cypool::conv2d", _conv2d_impl, mutates_args=(
 
 @_conv2d.register_fake
 def _(x, weight, bias, stride, padding, dilation, num_threads):
-    O, _, kh, kw = weight.shape
-    OH = _out_len(x.shape[-2], kh, stride[0], padding[0], dilation[0])
-    OW = _out_len(x.shape[-1], kw, stride[1], padding[1], dilation[1])
-    return x.new_empty(tuple(x.shape[:-3]) + (O, OH, OW))
+    return _conv_fake(x, weight, stride, padding, dilation, -2)
 
 
 def _conv2d_backward_impl(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int],
