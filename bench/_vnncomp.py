@@ -18,7 +18,6 @@ sampled (2,000 points): a counterexample there is printed as an error.
 """
 from __future__ import annotations
 
-import csv
 import os
 import statistics
 import time
@@ -29,7 +28,7 @@ import numpy as np
 from cypool import verify
 from cypool.verify.__main__ import read_instances
 from cypool.verify._crown import bounds, output_lower
-from cypool.verify._net import Conv, Dense, Elementwise, Reshape, ReLU
+from cypool.verify._net import Conv, Dense, Reshape, ReLU
 
 from _harness import optional, torch
 

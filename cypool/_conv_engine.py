@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _backend
 from . import _checks as chk
+from . import _geometry as geo
 from ._backend import (SERIAL_BELOW, kernel, padded_columns, parts_for, team_for, threads_for,
                        work)
 
@@ -129,7 +130,7 @@ def plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str = "
     N, C, H, W = xshape
     O, _, kh, kw = wshape
     chk.conv_channels(C, wshape, xname)
-    g = chk.conv_geometry(H, W, kh, kw, stride, padding, dilation)
+    g = geo.conv_geometry(H, W, kh, kw, stride, padding, dilation)
     sh, sw, dh, dw = g.sh, g.sw, g.dh, g.dw
     Hp, Wp = H + g.ph0 + g.ph1, W + g.pw0 + g.pw1
     macs = N * O * g.OH * g.OW * C * kh * kw
@@ -261,7 +262,7 @@ _L2_BUDGET = 512 * 1024
 
 class VectorCall(NamedTuple):
     """What the checks of a vector convolution call give."""
-    geom: chk.WindowGeometry
+    geom: geo.WindowGeometry
     out_shape: tuple   # the output's shape, as x is batched or not
     plan: object       # at small E, the Plan of the component images; else None
     flat: object       # where the forward or backward runs on flattened rows, their Plan; else None
@@ -271,9 +272,9 @@ class VectorCall(NamedTuple):
 
 
 def vector_checks(x, weight, stride, padding, dilation):
-    """chk.vector_conv_args, and at small E the plan of conv2d's kernels,
+    """geo.vector_conv_args, and at small E the plan of conv2d's kernels,
     for checked()."""
-    x5, weight, batched, geom = chk.vector_conv_args(x, weight, stride, padding, dilation)
+    x5, weight, batched, geom = geo.vector_conv_args(x, weight, stride, padding, dilation)
     N, E = x5.shape[0], x5.shape[4]
     fwd_conv = forward_by_conv(E, geom.sh, geom.sw, weight.shape[0])
     bwd_conv = backward_by_conv(E, geom.sh, geom.sw)
@@ -313,7 +314,7 @@ def backward_by_rows(E: int, sw: int) -> bool:
     return sw == 1 and E > 1
 
 
-def flat_plan(x5, weight, geom: chk.WindowGeometry) -> Plan:
+def flat_plan(x5, weight, geom: geo.WindowGeometry) -> Plan:
     """At column stride 1 a vector image (C, H, W, E), C-contiguous, is
     the NCHW image (C, H, W * E): output (ow, e) of a row is position
     ow * E + e, and tap (c, i, j) reads position ow * E + e + j * dw * E.
@@ -353,7 +354,7 @@ def component_images(a5: np.ndarray):
     return [a5[n].transpose(3, 0, 1, 2) for n in range(a5.shape[0])]
 
 
-def small_e_plan(x5, weight, geom: chk.WindowGeometry) -> Plan:
+def small_e_plan(x5, weight, geom: geo.WindowGeometry) -> Plan:
     N, C, H, W, E = x5.shape
     return plan((N if E == 1 else E, C, H, W), weight.shape, (geom.sh, geom.sw),
                 (geom.ph, geom.pw), (geom.dh, geom.dw))
@@ -395,7 +396,7 @@ def vector_forward_into(res, x5, weight, b, call: VectorCall, nt: int) -> None:
         tiles_forward(x5, weight, b, res, geom.window, nt)
 
 
-def tiles_forward(x5, weight, b, out, window: chk.Window, nt: int, skip_zero_taps: bool = False) -> None:
+def tiles_forward(x5, weight, b, out, window: geo.Window, nt: int, skip_zero_taps: bool = False) -> None:
     """out (N, O, OH, OW, E), its last axis contiguous (the rest may be a
     view's) = the convolution of x5 by the E-vectorised tiles.
     skip_zero_taps: leave out the input vectors that are all zero in a

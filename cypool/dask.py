@@ -44,6 +44,7 @@ except ImportError as e:  # pragma: no cover - exercised only without dask
     raise ImportError("cypool.dask needs dask: pip install 'cypool[dask]'") from e
 
 from . import _checks as chk
+from . import _geometry as geo
 from . import argmax as _argmax
 from . import pooling as _pooling
 from . import _conv_engine as _engine
@@ -130,7 +131,7 @@ def _counter(geometry, axis: int):
     return count
 
 
-def _spatial_grid(x: da.Array, window: chk.Window, out_hw: tuple, geometry, hw_axes=(-2, -1)):
+def _spatial_grid(x: da.Array, window: geo.Window, out_hw: tuple, geometry, hw_axes=(-2, -1)):
     """(row blocks, column blocks) of _axis_blocks that cut the out_hw
     output of x, whose rows and columns are the axes hw_axes, for windows
     (kh, kw, sh, sw, ph, pw, dh, dw)."""
@@ -258,14 +259,14 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     chk.array(_shadow(x), "x", (3, 4))
     H, W = x.shape[-2:]
     ceil_mode = bool(ceil_mode)
-    geom = chk.pool_geometry(H, W, kernel_size, stride, padding, dilation, ceil_mode)
+    geom = geo.pool_geometry(H, W, kernel_size, stride, padding, dilation, ceil_mode)
     idt = chk.index_dtype_arg(index_dtype, H * W) if return_indices else None
     nt = chk.num_threads_arg(num_threads) or None
     params = (kernel_size, stride, padding, dilation, ceil_mode)
 
     def geometry(length, axis):
         hw = (length, W) if axis == 0 else (H, length)
-        return chk.pool_geometry(*hw, kernel_size, stride, padding, dilation, ceil_mode).out_hw[axis]
+        return geo.pool_geometry(*hw, kernel_size, stride, padding, dilation, ceil_mode).out_hw[axis]
 
     rows, cols = _spatial_grid(x, geom.window, geom.out_hw, geometry)
     outs, idxs = [], []
@@ -327,10 +328,10 @@ def _conv_block(block, weight, bias, r, c, params, num_threads, block_info=None)
 
 
 def _conv_checks(x, weight, stride, padding, dilation, num_threads):
-    """(x, weight, its chk.WindowGeometry, threads), by the in-memory checks."""
+    """(x, weight, its geo.WindowGeometry, threads), by the in-memory checks."""
     x = _dask(x, "x")
     weight = _small(weight)
-    _, weight, _, geom = chk.vector_conv_args(_shadow(x), weight, stride, padding, dilation)
+    _, weight, _, geom = geo.vector_conv_args(_shadow(x), weight, stride, padding, dilation)
     return x, weight, geom, chk.num_threads_arg(num_threads) or None
 
 
@@ -350,7 +351,7 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
 
     def geometry(length, axis):
         hw = (length, W) if axis == 0 else (H, length)
-        g = chk.conv_geometry(*hw, geom.kh, geom.kw, (geom.sh, geom.sw), (geom.ph, geom.pw),
+        g = geo.conv_geometry(*hw, geom.kh, geom.kw, (geom.sh, geom.sw), (geom.ph, geom.pw),
                               (geom.dh, geom.dw))
         return (g.OH, g.OW)[axis]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
+from . import _geometry as geo
 from ._layer_init import dense_init
 from .argmax import argmax2d
 from .pooling import _backward_from_forward, max_pool2d, max_pool2d_backward, max_unpool2d, max_unpool2d_backward
@@ -71,7 +72,7 @@ class MaxPool2d(Layer):
         self.index_dtype = index_dtype
         self.num_threads = num_threads
         # Check the parameters now, not at the first forward.
-        chk.pool_params(kernel_size, stride, padding, dilation)
+        geo.pool_params(kernel_size, stride, padding, dilation)
         chk.num_threads_arg(num_threads)
 
     @property
@@ -113,7 +114,7 @@ class MaxUnpool2d(Layer):
         self.stride = stride
         self.padding = padding
         self.num_threads = num_threads
-        chk.window_params(kernel_size, stride, padding)
+        geo.window_params(kernel_size, stride, padding)
         chk.num_threads_arg(num_threads)
 
     def forward(self, x, indices, output_size=None):
@@ -191,7 +192,7 @@ class VectorConv2d(Layer):
                  bias=True, dtype=np.float32, rng=None, *, num_threads=None):
         super().__init__()
         _conv_init(self, in_channels, out_channels, kernel_size, stride, padding, dilation, bias,
-                   dtype, rng, num_threads, chk.step_params)
+                   dtype, rng, num_threads, geo.step_params)
 
     def forward(self, x, *, out=None):
         """Convolve x (into ``out`` if given); in training mode keep x for backward."""
@@ -204,7 +205,7 @@ class VectorConv2d(Layer):
     def _forward_into(self, z, alloc):
         """forward(z) into alloc(shape, dtype) (zonotope.Network's buffers)."""
         z = np.asarray(z)
-        sh, sw, ph, pw, dh, dw = chk.step_params(self.stride, self.padding, self.dilation)
+        sh, sw, ph, pw, dh, dw = geo.step_params(self.stride, self.padding, self.dilation)
         kh, kw = self.weight.shape[2:]
         OH = (z.shape[-3] + 2 * ph - dh * (kh - 1) - 1) // sh + 1 if z.ndim in (4, 5) else 0
         OW = (z.shape[-2] + 2 * pw - dw * (kw - 1) - 1) // sw + 1 if z.ndim in (4, 5) else 0
@@ -249,7 +250,7 @@ def _conv_init(layer, in_channels, out_channels, kernel_size, stride, padding, d
 def _conv_params(kernel_size):
     """The parameter check of Conv2d (padding may be 'same' or 'valid')."""
     kh, kw = chk.pair(kernel_size, "kernel_size")
-    return lambda s, p, d: chk.conv_params(kh, kw, s, p, d)
+    return lambda s, p, d: geo.conv_params(kh, kw, s, p, d)
 
 
 class Conv2d(Layer):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks as chk
+from . import _geometry as geo
 from ._backend import kernel, streams, threads_for
 
 __all__ = ["max_pool2d", "max_pool2d_backward", "max_unpool2d", "max_unpool2d_backward"]
@@ -73,7 +74,7 @@ def max_pool2d(
     """
     x, kd = chk.array(x, "x", (3, 4))
     H, W = x.shape[-2:]
-    geom = chk.pool_geometry(H, W, kernel_size, stride, padding, dilation, bool(ceil_mode))
+    geom = geo.pool_geometry(H, W, kernel_size, stride, padding, dilation, bool(ceil_mode))
     kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = geom
     nt = chk.num_threads_arg(num_threads)
     idt = chk.index_dtype_arg(index_dtype, H * W) if return_indices else chk.INDEX_DTYPES[1]
@@ -239,7 +240,7 @@ def max_unpool2d(x, indices, kernel_size, stride=None, padding=0, output_size=No
     H, W = x.shape[-2:]
     if isinstance(output_size, list):
         output_size = tuple(output_size)
-    OH, OW = chk.unpool_geometry(H, W, kernel_size, stride, padding, output_size)
+    OH, OW = geo.unpool_geometry(H, W, kernel_size, stride, padding, output_size)
     return _place("max_unpool2d", x, kd, indices, x.shape[:-2] + (OH, OW),
                   num_threads, "[0, OH*OW)")
 

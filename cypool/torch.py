@@ -28,6 +28,7 @@ from torch._C._functorch import is_functorch_wrapped_tensor as _functorch_wrappe
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_mode
 
 from . import _checks as chk
+from . import _geometry as geo
 from .argmax import argmax2d as _np_argmax2d
 from .conv import conv2d as _np_conv2d, conv2d_backward as _np_conv2d_backward
 from .pooling import max_pool2d as _np_max_pool2d, max_pool2d_backward as _np_max_pool2d_backward
@@ -393,7 +394,7 @@ class MaxPool2d(torch.nn.Module):
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False,
                  *, num_threads=None):
         super().__init__()
-        chk.pool_params(kernel_size, stride, padding, dilation)
+        geo.pool_params(kernel_size, stride, padding, dilation)
         self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
         self.return_indices, self.ceil_mode, self.num_threads = return_indices, ceil_mode, num_threads
 

@@ -26,7 +26,7 @@ def pool_kernel(mod, planes, geometry, *, index_dtype=np.int64, scalar_only=Fals
                 stream_indices=False, num_threads=1):
     """(out, indices) of kernel module mod's max_pool2d_forward on (P, H, W)
     planes, called directly on fresh outputs; geometry is what
-    cypool._checks.pool_geometry returns."""
+    cypool._geometry.pool_geometry returns."""
     kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = geometry
     out = np.empty((planes.shape[0], OH, OW), planes.dtype)
     idx = np.empty(out.shape, index_dtype)

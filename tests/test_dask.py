@@ -10,7 +10,7 @@ dask = pytest.importorskip("dask")
 
 import cypool  # noqa: E402
 import cypool.dask as cdask  # noqa: E402
-from cypool import _checks as chk  # noqa: E402
+from cypool import _geometry as geo  # noqa: E402
 
 
 def random_chunks(rng, n):
@@ -114,7 +114,7 @@ def pool_params(rng, H, W):
     d = tuple(int(v) for v in rng.integers(1, 3, size=2))
     ceil = bool(rng.random() < 0.4)
     try:
-        chk.pool_geometry(H, W, k, s, p, d, ceil)
+        geo.pool_geometry(H, W, k, s, p, d, ceil)
     except ValueError:
         return None
     return dict(kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil)

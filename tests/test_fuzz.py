@@ -18,7 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import cypool  # noqa: E402
 import reference as ref  # noqa: E402
-from cypool import _checks as chk  # noqa: E402
+from cypool import _geometry as geo  # noqa: E402
 
 POOL_DTYPES = [np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8,
                np.uint16, np.uint32]
@@ -80,7 +80,7 @@ def pool_case(draw):
     d = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     ceil = draw(st.booleans())
     try:
-        chk.pool_geometry(H, W, k, s, p, d, ceil)
+        geo.pool_geometry(H, W, k, s, p, d, ceil)
     except ValueError:
         assume(False)
     lead = draw(st.sampled_from([(1, 1), (1, 3), (2, 9), (3,), (1, 17)]))  # planes below/above threads

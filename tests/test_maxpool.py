@@ -18,7 +18,7 @@ def random_config(rng):
         H, W = rng.integers(1, 12, size=2)
         ceil = bool(rng.integers(0, 2))
         try:
-            cypool._checks.pool_geometry(int(H), int(W), (int(kh), int(kw)), (int(sh), int(sw)),
+            cypool._geometry.pool_geometry(int(H), int(W), (int(kh), int(kw)), (int(sh), int(sw)),
                                          (int(ph), int(pw)), (int(dh), int(dw)), ceil)
         except ValueError:
             continue
@@ -379,7 +379,7 @@ def test_scalar_path_for_huge_planes_agrees(rng, trial):
     x = ref.random_values(rng, shape, np.float64, ties=True, specials=trial % 2 == 1)
     planes = x.reshape(-1, *shape[-2:])
     out, idx = cypool.max_pool2d(x, **cfg, return_indices=True)
-    geometry = cypool._checks.pool_geometry(
+    geometry = cypool._geometry.pool_geometry(
         shape[2], shape[3], cfg["kernel_size"], cfg["stride"], cfg["padding"], cfg["dilation"], cfg["ceil_mode"])
     o2, i2 = pool_kernel(module_for("max_pool2d_forward"), planes, geometry, scalar_only=True)
     assert_same(o2.reshape(out.shape), out)

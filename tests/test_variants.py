@@ -74,7 +74,7 @@ def test_variant_matches_reference(rng, isa):
                              ((1, 4, 20, 9), (3, 2, 1)), ((2, 2, 11, 12), (4, 3, 2))]:
         for dtype in (np.float32, np.float64):
             x = ref.random_values(rng, shape, dtype, ties=True, specials=True)
-            geometry = cypool._checks.pool_geometry(shape[2], shape[3], k, s, p, 1, False)
+            geometry = cypool._geometry.pool_geometry(shape[2], shape[3], k, s, p, 1, False)
             planes = np.ascontiguousarray(x).reshape(-1, *shape[2:])
             out, idx = pool_kernel(mod, planes, geometry, num_threads=2)
             rout, ridx = ref.max_pool2d(x, k, s, p)

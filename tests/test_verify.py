@@ -354,7 +354,7 @@ def test_command_line_one_instance_and_a_folder(tmp_path, rng, capsys):
     net = verify.load_onnx(net_path)
     x = rng.standard_normal(3)
     y = net.forward(x)[0]
-    spec_hold = spec_file(tmp_path, "hold.vnnlib", x, x, int(np.argmax(y)), 3)
+    spec_file(tmp_path, "hold.vnnlib", x, x, int(np.argmax(y)), 3)
     spec_bad = spec_file(tmp_path, "bad.vnnlib", x - 1e-3, x + 1e-3, int(np.argmin(y)), 3)
     out = tmp_path / "res.txt"
     assert cli.main([net_path, spec_bad, "--out", str(out), "--timeout", "30"]) == 0

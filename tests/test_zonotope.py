@@ -7,6 +7,7 @@ import pytest
 import cypool
 import reference as ref
 from cypool import _checks as chk
+from cypool import _geometry as geo
 from cypool.zonotope import _fused as fused
 from cypool.zonotope import _network as N
 from cypool.zonotope import _ops as zops
@@ -546,7 +547,7 @@ def test_vector_conv_leaves_out_zero_taps_exactly(rng, dt, stride, padding, dila
     x[0, 1, 2, 3, 1:] = -0.0
     w = rng.standard_normal((6, 5, 3, 3)).astype(dt)
     b = rng.standard_normal(6).astype(dt)
-    _, _, _, geom = chk.vector_conv_args(x, w, stride, padding, dilation)
+    _, _, _, geom = geo.vector_conv_args(x, w, stride, padding, dilation)
     shape = (1, 6, geom.out_hw[0], geom.out_hw[1], 61)
     every, skip = np.empty(shape, dt), np.empty(shape, dt)
     for nt in (1, 2):

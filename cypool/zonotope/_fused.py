@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from .. import _checks as chk
+from .. import _geometry as geo
 from .._conv_engine import tiles_forward
 from ._functions import conv2d
 from ._ops import box, dense_into, relu_into
@@ -33,7 +34,7 @@ def box_conv(x, eps, clip, conv, alloc):
     out.fill(0)
     out[..., 0] = c_out[..., 0]
     _, H, W = shape
-    sh, sw, ph, pw, dh, dw = chk.step_params(conv.stride, conv.padding, conv.dilation)
+    sh, sw, ph, pw, dh, dw = geo.step_params(conv.stride, conv.padding, conv.dilation)
     gen = np.full(centre.size, -1, np.intp)
     gen[free] = np.arange(free.size)
     scale = half[free].astype(dt)
@@ -62,7 +63,7 @@ def tail_conv(conv, z, idx, mu, alloc):
     """conv.forward of z with the new generators (idx, mu) appended, for
     an unbatched (C, H, W, E) z: the tiles over z, the generators
     scattered."""
-    x5, weight, _, geom = chk.vector_conv_args(z, conv.weight, conv.stride, conv.padding,
+    x5, weight, _, geom = geo.vector_conv_args(z, conv.weight, conv.stride, conv.padding,
                                                conv.dilation)
     _, C, H, W, E = x5.shape
     O, k, dt = weight.shape[0], idx.size, weight.dtype
@@ -74,7 +75,7 @@ def tail_conv(conv, z, idx, mu, alloc):
     return out[0]
 
 
-def scatter_tail(tail, idx, mu, weight, window: chk.Window, H, W):
+def scatter_tail(tail, idx, mu, weight, window: geo.Window, H, W):
     """tail (O, OH, OW, k) = the convolution (by window) of the k
     generators that are mu[g] at neuron idx[g] of a (C, H, W) image and
     0 elsewhere: one product an output."""
@@ -148,7 +149,7 @@ def banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
                    conv1.dilation, num_threads=conv1.num_threads)
     O1, OH1, OW1, _ = c_out.shape
     kh, kw = w1.shape[2:]
-    sh, sw, ph, pw, dh, dw = chk.step_params(conv1.stride, conv1.padding, conv1.dilation)
+    sh, sw, ph, pw, dh, dw = geo.step_params(conv1.stride, conv1.padding, conv1.dilation)
     top = np.arange(OH1) * sh - ph
     lo = row_start[np.clip(top, 0, H)]
     hi = row_start[np.clip(top + (kh - 1) * dh + 1, 0, H)]
@@ -170,7 +171,7 @@ def banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
     # the ReLU on banded storage: a row's zeros beyond its band change nothing
     zr, idx, mu = relu_into(zb, chk.num_threads_arg(relu.num_threads), ws.taker(zb), apart=True)
     t2 = time.perf_counter()
-    x5, _, _, geom = chk.vector_conv_args(np.broadcast_to(np.zeros((), dt), (O1, OH1, OW1, 1)),
+    x5, _, _, geom = geo.vector_conv_args(np.broadcast_to(np.zeros((), dt), (O1, OH1, OW1, 1)),
                                           w2, conv2.stride, conv2.padding, conv2.dilation)
     kh2, kw2, sh2, sw2, ph2, pw2, dh2, dw2, OH2, OW2 = geom
     O2, k = w2.shape[0], idx.size
@@ -191,7 +192,7 @@ def banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
         # the slab's rows are the window's (stride, padding and dilation in
         # rows done), and a dead neuron's vector is left out by the tiles
         res = np.empty((1, O2, 1, OW2, slab.shape[-1]), dt)
-        tiles_forward(slab[None], w2, b2, res, chk.Window(kh2, kw2, 1, sw2, 0, pw2, 1, dw2), nt2,
+        tiles_forward(slab[None], w2, b2, res, geo.Window(kh2, kw2, 1, sw2, 0, pw2, 1, dw2), nt2,
                       skip_zero_taps=True)
         res = res[0]
         row = out[:, r]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks as chk
+from .. import _geometry as geo
 from .._layer_init import dense_init
 from ..layers import Layer
 from ._functions import flatten, linear, relu
@@ -166,7 +167,7 @@ class VectorAvgPool2d(Layer):
 
     def __init__(self, kernel_size, stride=None, padding=0, *, divisor=None):
         super().__init__()
-        kh, kw, sh, sw, ph, pw = chk.window_params(kernel_size, stride, padding)
+        kh, kw, sh, sw, ph, pw = geo.window_params(kernel_size, stride, padding)
         if not (2 * ph <= kh and 2 * pw <= kw):
             raise ValueError(f"padding must be at most half the kernel_size, got padding {padding} "
                              f"for kernel_size {kernel_size}")
