@@ -1,6 +1,7 @@
-# Uses: ConvJob, _SLACK, _job, _job_free, _phase_geom, _fill_phases, _tap_major from _conv.pxi; _vc_pixel, _vc_dots, _pack_new, _pack_rows from _vconv.pxi.
+# Uses: ConvJob, _job, _job_free from _conv.pxi; _SLACK, _phase_geom, _fill_phases, _tap_major from _conv_phases.pxi; _vc_pixel, _vc_dots, _pack_new, _pack_rows from _vconv.pxi.
 # The backward passes of the standard convolution (_conv.pxi has the
-# forward pass, the phase buffers, tap lists and weight copies they share):
+# forward pass, _conv_phases.pxi the phase buffers, tap lists and weight
+# copies they share):
 #   * the weight gradient: the tiles of _conv_tiles.h on each chunk's im2col
 #     rows, or for 8 output channels or fewer and finite images, dot
 #     products over the virtual output index with the tap vectors; summed in

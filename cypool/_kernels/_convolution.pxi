@@ -4,6 +4,7 @@
 # stride-1 kernels of small calls and the C memo of their repeats, and the
 # zonotope passes of certification. Compiled into every variant.
 include "_vconv.pxi"
+include "_conv_phases.pxi"
 include "_conv.pxi"
 include "_conv_backward.pxi"
 include "_conv_direct.pxi"
