@@ -281,7 +281,8 @@ def _tensor(t, name, dims, dtypes=_FLOATS):
         want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} must be {want}, got {str(t.dtype).replace('torch.', '')}")
     if t.dim() not in dims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, got shape {tuple(t.shape)}")
+        want = f"{dims[0]} to {dims[-1]}" if len(dims) > 2 else " or ".join(map(str, dims))
+        raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(t.shape)}")
     return t
 
 
