@@ -76,15 +76,19 @@ def _(x, weight, bias, stride, padding, dilation, num_threads):
     return _conv_fake(x, weight, stride, padding, dilation, -3)
 
 
-def _vector_conv2d_backward_impl(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int],
-                            dilation: List[int], needs: List[bool], num_threads: int
-                            ) -> Tuple[Tensor, Tensor, Tensor]:
-    gx, gw, gb = _np_vector_conv2d_backward(_np(grad), _np(x), _np(weight), tuple(stride), tuple(padding),
-                                            tuple(dilation), needs_input_grad=needs[0],
-                                            needs_weight_grad=needs[1], num_threads=_nt(num_threads))
-    return (torch.from_numpy(gx) if needs[0] else _empty(x.dtype),
-            torch.from_numpy(gw) if needs[1] else _empty(x.dtype),
-            torch.from_numpy(gb) if needs[2] else _empty(x.dtype))
+def _grads(grads, needs, dtype) -> Tuple[Tensor, Tensor, Tensor]:
+    """A backward's (grad_x, grad_w, grad_bias) as tensors, empty where not needed."""
+    return tuple(torch.from_numpy(np.ascontiguousarray(g)) if need else _empty(dtype)
+                 for g, need in zip(grads, needs))
+
+
+def _vector_conv2d_backward_impl(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int],
+                                 padding: List[int], dilation: List[int], needs: List[bool],
+                                 num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _grads(_np_vector_conv2d_backward(_np(grad), _np(x), _np(weight), tuple(stride), tuple(padding),
+                                             tuple(dilation), needs_input_grad=needs[0],
+                                             needs_weight_grad=needs[1], num_threads=_nt(num_threads)),
+                  needs, x.dtype)
 
 
 _vector_conv2d_backward = torch.library.custom_op("cypool::vector_conv2d_backward",
@@ -140,13 +144,11 @@ def _(x, weight, bias, stride, padding, dilation, num_threads):
 
 
 def _conv2d_backward_impl(grad: Tensor, x: Tensor, weight: Tensor, stride: List[int], padding: List[int],
-                     dilation: List[int], needs: List[bool], num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
-    gx, gw, gb = _np_conv2d_backward(_np(grad), _np(x), _np(weight), tuple(stride), tuple(padding),
-                                     tuple(dilation), needs_input_grad=needs[0], needs_weight_grad=needs[1],
-                                     num_threads=_nt(num_threads))
-    return (torch.from_numpy(gx) if needs[0] else _empty(x.dtype),
-            torch.from_numpy(gw) if needs[1] else _empty(x.dtype),
-            torch.from_numpy(np.ascontiguousarray(gb)) if needs[2] else _empty(x.dtype))
+                          dilation: List[int], needs: List[bool], num_threads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _grads(_np_conv2d_backward(_np(grad), _np(x), _np(weight), tuple(stride), tuple(padding),
+                                      tuple(dilation), needs_input_grad=needs[0], needs_weight_grad=needs[1],
+                                      num_threads=_nt(num_threads)),
+                  needs, x.dtype)
 
 
 _conv2d_backward = torch.library.custom_op("cypool::conv2d_backward", _conv2d_backward_impl, mutates_args=())
