@@ -41,8 +41,8 @@ import time
 import numpy as np
 
 import cypool
+from cypool._testing import set_claiming, set_crowded
 from _harness import start, torch
-from cypool import _backend
 
 BURST = 5
 PAUSE = 0.15
@@ -113,13 +113,13 @@ def static_shares(fn):
     equal static shares, and never a crowded spell (a late team thread does
     not make the next calls serial)."""
     def run():
-        _backend.set_claiming(False)
-        _backend.set_crowded(False)
+        set_claiming(False)
+        set_crowded(False)
         try:
             return fn()
         finally:
-            _backend.set_claiming(True)
-            _backend.set_crowded(False)
+            set_claiming(True)
+            set_crowded(False)
     return run
 
 
@@ -139,7 +139,7 @@ def measure(peers: dict, rounds: int, a: np.ndarray, rng) -> dict:
                 if c == "steady":
                     # The best case: outside a crowded spell that an
                     # earlier condition's late thread began.
-                    _backend.set_crowded(False)
+                    set_crowded(False)
                     for _ in range(3):
                         fn()
                 elif c == "after matmul":

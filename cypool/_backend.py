@@ -177,21 +177,7 @@ def crowded() -> bool:
     return False
 
 
-def set_crowded(on: bool) -> None:
-    """Diagnostic for tests and benches: start (True) or end (False) a
-    crowded spell in every module kernels run from."""
-    for m in _every_module():
-        m.set_crowded(on)
-
-
-def set_claiming(on: bool) -> None:
-    """Diagnostic for the benches' A/B runs: every module's kernels claim
-    their work (True, the default) or split it in static shares (False)."""
-    for m in _every_module():
-        m.set_claiming(on)
-
-
-def _every_module() -> list:
+def every_module() -> list:
     """Every variant module a kernel may run from, loaded now."""
     for name in CAPPED:
         module_for(name)
@@ -257,9 +243,10 @@ def team_for(parts: int) -> int:
     library's spinning pool, another program): libgomp's team waits for such
     a thread at its region's end, for up to a scheduler time slice, where
     the calling thread alone takes at most the serial time. The spell lasts
-    10-160 ms (_omp_shim.h; docs/performance.md, "Inside real programs").
+    10-160 ms (_omp_shim.h; docs/performance.md, "Threads inside real programs").
     cypool's own team (_team.h) runs a late thread's share on the calling
-    thread instead, and starts no spells: there only set_crowded does."""
+    thread instead, and starts no spells: only cypool._testing.set_crowded
+    does."""
     return 1 if parts > 1 and crowded() else parts
 
 

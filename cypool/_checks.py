@@ -13,6 +13,8 @@ from typing import Callable
 
 import numpy as np
 
+from ._backend import kernels as _kernels
+
 # dtypes the kernels are compiled for, and how other real dtypes reach them
 # (exactly: max and argmax of a widened integer or float16 are unchanged).
 KERNEL_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
@@ -197,16 +199,11 @@ _NO_BIAS = {d: np.empty(0, d) for d in FLOAT_DTYPES}
 
 
 
-def _unset(a, shape: tuple, dtype: np.dtype, contiguous: bool) -> bool:
-    raise RuntimeError("cypool._checks.plain_array is set when cypool._conv_engine is imported")
-
-
 # plain_array(a, shape, dtype, contiguous): whether a bias or grad_output is
 # taken as it is. The compiled kernels' predicate, shared with their memo of
 # repeated calls (_kernels/_conv_memo.pxi), so that a repeat and a checked
-# call take the same arrays as they are; cypool._conv_engine sets it at
-# import.
-plain_array: Callable[[object, tuple, np.dtype, bool], bool] = _unset
+# call take the same arrays as they are.
+plain_array: Callable[[object, tuple, np.dtype, bool], bool] = _kernels.plain_array
 
 
 def no_bias(dtype: np.dtype) -> np.ndarray:

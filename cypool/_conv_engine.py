@@ -30,6 +30,8 @@ import numpy as np
 from . import _backend
 from . import _checks as chk
 from . import _geometry as geo
+from ._select import (ConvAlgo, VectorAlgo, WeightGradAlgo, forced, forcing, select_conv,
+                      select_vector_backward, select_vector_forward, select_weight_grad)
 from ._backend import (SERIAL_BELOW, kernel, padded_columns, parts_for, team_for, threads_for,
                        work)
 
@@ -39,6 +41,9 @@ _CHUNK_MAX = 768
 # Chunks are whole multiples of every build's E block (3 vectors of 2 to 16
 # values), so that only an image's last chunk has a partial block.
 _CHUNK_STEP = 48
+# Bytes of padded rows ConvAlgo.LANES fills a band at a time: with the
+# weights they stay in L2 while the band's rows of outputs run.
+_OV_BAND = 128 * 1024
 
 
 # -- checked calls ------------------------------------------------------------
@@ -57,8 +62,9 @@ def checked(family: int, check, x, weight, stride, padding, dilation):
     batch axis, weight, batched?, what the checks gave), run once for each
     kind of call (chk.call_key): a training loop repeats its calls. Returns
     (x checked, without a batch axis it lacked, weight, batched?, what the
-    checks gave)."""
-    key = chk.call_key(x, weight, stride, padding, dilation)
+    checks gave). A thread that forces a choice (cypool._testing) neither
+    reads nor fills the cache."""
+    key = None if forcing() else chk.call_key(x, weight, stride, padding, dilation)
     if key is not None:
         hit = _calls.get((family, key))
         dt = x.dtype
@@ -73,6 +79,8 @@ def checked(family: int, check, x, weight, stride, padding, dilation):
 def remember(family: int, x, weight, stride, padding, dilation, out_shape: tuple, dtype,
              direct: tuple, batched: bool) -> None:
     """Let the C memo run repeats of this checked call (direct kernels only)."""
+    if forcing():
+        return
     kernel("memo_remember")(family, x, weight, stride, padding, dilation, out_shape, dtype,
                             tuple(direct), batched)
 
@@ -85,21 +93,20 @@ def forget() -> None:
         _backend.load_variant(isa).memo_forget()
 
 
-# A bias or grad_output is taken as it is by one predicate, the memo's.
-chk.plain_array = _backend.kernels.plain_array
-
-
 # -- the plan of a standard convolution ---------------------------------------
 
 class Pass(NamedTuple):
     """One kernel pass: its geometry arguments, the length L of an image's
-    virtual output, its size for the thread policy, and (for a call too
-    small for a thread team) its chunk length on one thread, else 0."""
+    virtual output, its size for the thread policy, (for a call too small
+    for a thread team) its chunk length on one thread, else 0, and the
+    algorithm's arguments: for conv2d_forward (algo, LANES' band bytes),
+    for the weight gradient (dots,)."""
     args: tuple
     L: int
     macs: int
     touched: int
     serial_chunk: int
+    algo: tuple = ()
 
 
 class Direct(NamedTuple):
@@ -123,10 +130,11 @@ class Plan(NamedTuple):
     direct: tuple      # a Direct for a small stride-1 convolution, else ()
 
 
-def plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str = "x") -> Plan:
+def plan(xshape: tuple, wshape: tuple, stride, padding, dilation, dtype, xname: str = "x") -> Plan:
     """Checked geometry of a convolution of x (N, C, H, W) by weight
-    (O, C, kh, kw), and the arguments of its kernel passes; ValueError for
-    bad parameters, as conv2d raises."""
+    (O, C, kh, kw) of dtype, the arguments of its kernel passes and their
+    algorithms (cypool._select); ValueError for bad parameters, as conv2d
+    raises."""
     N, C, H, W = xshape
     O, _, kh, kw = wshape
     chk.conv_channels(C, wshape, xname)
@@ -144,19 +152,21 @@ def plan(xshape: tuple, wshape: tuple, stride, padding, dilation, xname: str = "
                        (H - 1) * (W + rw) + W, macs, touched, N)
     weight_grad = _pass((g.ph0, g.pw0, Hp, Wp, kh, kw, sh, sw, dh, dw), L, macs, touched, N)
     col2im = (g.ph0, g.pw0, sh, sw, dh, dw) if sh * sw > 1 else ()
-    serial = bool(forward.serial_chunk and input_grad.serial_chunk and weight_grad.serial_chunk)
-    direct = (Direct(g.ph0, g.pw0, rh - g.ph0, rw - g.pw0, dh, dw)
-              if takes_direct(sh, sw, serial) else ())
+    small = bool(forward.serial_chunk and input_grad.serial_chunk and weight_grad.serial_chunk)
+    itemsize = np.dtype(dtype).itemsize
+    stride1 = sh == sw == 1
+    band = forced("ov_band") or _OV_BAND
+    algo = select_conv(C, O, kh, kw, g.OW, Wp, sw, dw, itemsize, stride1=stride1, small=small)
+    forward = forward._replace(algo=(int(algo), band))
+    if algo == ConvAlgo.DIRECT:
+        direct = Direct(g.ph0, g.pw0, rh - g.ph0, rw - g.pw0, dh, dw)
+    else:
+        direct = ()
+        ialgo = select_conv(O, C, kh, kw, W, W + rw, 1, dw, itemsize, stride1=stride1,
+                            small=False)
+        input_grad = input_grad._replace(algo=(int(ialgo), band))
+    weight_grad = weight_grad._replace(algo=(select_weight_grad(O) == WeightGradAlgo.DOTS,))
     return Plan((N, O, g.OH, g.OW), forward, input_grad, weight_grad, col2im, direct)
-
-
-def takes_direct(sh: int, sw: int, serial: bool) -> bool:
-    """Whether a convolution runs on the direct kernels (_conv_direct.h):
-    stride 1, and small enough that every pass runs on the calling thread.
-    One zero-padded copy of each image is their only set-up, where the
-    phase kernels' (tap lists, chunks, packed weights) costs a small call
-    as much as its arithmetic."""
-    return serial and sh == sw == 1
 
 
 def _chunk(L: int, N: int, threads: int) -> int:
@@ -214,7 +224,8 @@ def forward_into(res, x4, weight, bias, p: Plan, nt: int) -> None:
         direct_forward(res, x4, weight, bias, p.direct)
         return
     threads, ce = _threads_and_chunk(p.forward, nt, x4.shape[0])
-    kernel("conv2d_forward", x4.dtype)(x4, weight, False, bias, res, *p.forward.args, ce, threads)
+    kernel("conv2d_forward", x4.dtype)(x4, weight, False, bias, res, *p.forward.args, ce,
+                                       *p.forward.algo, threads)
 
 
 def input_grad_into(gx, g4, weight, p: Plan, nt: int) -> None:
@@ -236,7 +247,7 @@ def input_grad_into(gx, g4, weight, p: Plan, nt: int) -> None:
     else:
         threads, ce = _threads_and_chunk(p.input_grad, nt, N)
         kernel("conv2d_forward", dt)(g4, weight, True, chk.no_bias(dt), gx, *p.input_grad.args,
-                                     ce, threads)
+                                     ce, *p.input_grad.algo, threads)
 
 
 def weight_grad_into(gw, gb, gc, x4, weight, p: Plan, nt: int) -> None:
@@ -250,8 +261,8 @@ def weight_grad_into(gw, gb, gc, x4, weight, p: Plan, nt: int) -> None:
     parts, ce = _threads_and_chunk(p.weight_grad, nt, x4.shape[0], parts_for)
     # The chunk's im2col rows (ce x K values) stay in L2.
     ce = min(ce, max(_CHUNK_STEP, (1 << 17) // gw.shape[1] // _CHUNK_STEP * _CHUNK_STEP))
-    kernel("conv2d_weight_grad", x4.dtype)(gc, x4, gw, gb, *p.weight_grad.args, ce, parts,
-                                           team_for(parts))
+    kernel("conv2d_weight_grad", x4.dtype)(gc, x4, gw, gb, *p.weight_grad.args, ce,
+                                           *p.weight_grad.algo, parts, team_for(parts))
 
 
 # -- the vector convolution ---------------------------------------------------
@@ -264,6 +275,8 @@ class VectorCall(NamedTuple):
     """What the checks of a vector convolution call give."""
     geom: geo.WindowGeometry
     out_shape: tuple   # the output's shape, as x is batched or not
+    forward: VectorAlgo
+    backward: VectorAlgo
     plan: object       # at small E, the Plan of the component images; else None
     flat: object       # where the forward or backward runs on flattened rows, their Plan; else None
     direct: tuple      # at E = 1, a call small enough for the direct kernels
@@ -272,47 +285,25 @@ class VectorCall(NamedTuple):
 
 
 def vector_checks(x, weight, stride, padding, dilation):
-    """geo.vector_conv_args, and at small E the plan of conv2d's kernels,
-    for checked()."""
+    """geo.vector_conv_args, the forward's and backward's algorithms, and
+    the plans of conv2d's kernels they run on, for checked()."""
     x5, weight, batched, geom = geo.vector_conv_args(x, weight, stride, padding, dilation)
     N, E = x5.shape[0], x5.shape[4]
-    fwd_conv = forward_by_conv(E, geom.sh, geom.sw, weight.shape[0])
-    bwd_conv = backward_by_conv(E, geom.sh, geom.sw)
-    fwd_rows, bwd_rows = forward_by_rows(E, geom.sw), bwd_conv and backward_by_rows(E, geom.sw)
-    # Each plan only where a pass runs on it: the component images' where
-    # a pass takes conv2d's kernels but not on flattened rows.
-    images = (fwd_conv and not fwd_rows) or (bwd_conv and not bwd_rows)
-    p = small_e_plan(x5, weight, geom) if images else None
-    flat = flat_plan(x5, weight, geom) if fwd_rows or bwd_rows else None
+    fwd = select_vector_forward(E, geom.sh, geom.sw, weight.shape[0])
+    bwd = select_vector_backward(E, geom.sh, geom.sw)
+    # Each plan only where a pass runs on it.
+    p = small_e_plan(x5, weight, geom) if VectorAlgo.IMAGES in (fwd, bwd) else None
+    flat = flat_plan(x5, weight, geom) if VectorAlgo.ROWS in (fwd, bwd) else None
     direct = p.direct if p is not None and E == 1 else ()
     out_shape = (N, weight.shape[0], geom.OH, geom.OW, E)
-    return x5, weight, batched, VectorCall(geom, out_shape if batched else out_shape[1:], p, flat,
-                                           direct)
+    return x5, weight, batched, VectorCall(geom, out_shape if batched else out_shape[1:], fwd,
+                                           bwd, p, flat, direct)
 
 
 # At small E the convolution (forward, or backward) can run as a standard
-# NCHW convolution: of the rows flattened to W * E values at column stride
-# 1 (flat_plan), else of the E component images (conv2d's kernels, through
-# strided views: no copy of x or of the output), which vectorises along
+# NCHW convolution (VectorAlgo.ROWS or IMAGES), which vectorises along
 # output positions, where the E-vectorised tiles leave most of a vector
-# empty. Which way is faster depends on E and the stride (bench/README.md
-# and docs/performance.md have the measurements behind these rules).
-
-def forward_by_rows(E: int, sw: int) -> bool:
-    """Whether the forward runs as one standard convolution of flattened
-    rows (flat_plan): at column stride 1 and 2 <= E <= 16. Against the
-    component images it took 0.54x the time at E = 8 and 0.79x at E = 16
-    on the (16, 32, 32, E) row, 0.43-0.68x on (1, 28, 28, E) at E = 4 to 16,
-    and tied at E = 2; at E = 32 it tied with the E-vectorised tiles."""
-    return sw == 1 and 2 <= E <= 16
-
-
-def backward_by_rows(E: int, sw: int) -> bool:
-    """Whether a backward that takes conv2d's kernels (backward_by_conv)
-    runs them on flattened rows rather than component images: at column
-    stride 1 and E >= 2 (_rows_backward has the measurements)."""
-    return sw == 1 and E > 1
-
+# empty; cypool._select chooses.
 
 def flat_plan(x5, weight, geom: geo.WindowGeometry) -> Plan:
     """At column stride 1 a vector image (C, H, W, E), C-contiguous, is
@@ -324,25 +315,7 @@ def flat_plan(x5, weight, geom: geo.WindowGeometry) -> Plan:
     no strided reads or writes."""
     N, C, H, W, E = x5.shape
     return plan((N, C, H, W * E), weight.shape, (geom.sh, 1), (geom.ph, geom.pw * E),
-                (geom.dh, geom.dw * E))
-
-
-def forward_by_conv(E: int, sh: int, sw: int, O: int) -> bool:
-    """Whether the forward takes conv2d's kernels: below E = 16, but for a
-    strided convolution at E = 8, and at E = 16 for fewer output channels
-    than a tile holds (_backend.CHANNEL_BLOCK, 4). A strided component
-    image's set-up (its phase split, its output written E values apart)
-    outweighs its arithmetic, and E = 8 fills an AVX2 vector tile (half an
-    AVX-512 one); with fewer than 4 channels the tiles run narrow rows."""
-    if sh == sw == 1:
-        return E < 16 or (E == 16 and O < _backend.CHANNEL_BLOCK)
-    return E < 16 and E % 8 != 0
-
-
-def backward_by_conv(E: int, sh: int, sw: int) -> bool:
-    """Whether the backward takes conv2d's kernels: up to E = 20, and up
-    to E = 32 at stride 1."""
-    return E <= 20 or (E <= 32 and sh == sw == 1)
+                (geom.dh, geom.dw * E), x5.dtype)
 
 
 def component_images(a5: np.ndarray):
@@ -357,7 +330,7 @@ def component_images(a5: np.ndarray):
 def small_e_plan(x5, weight, geom: geo.WindowGeometry) -> Plan:
     N, C, H, W, E = x5.shape
     return plan((N if E == 1 else E, C, H, W), weight.shape, (geom.sh, geom.sw),
-                (geom.ph, geom.pw), (geom.dh, geom.dw))
+                (geom.ph, geom.pw), (geom.dh, geom.dw), x5.dtype)
 
 
 def _e_chunk(E: int, rows: int, row_vectors: int, itemsize: int) -> int:
@@ -375,7 +348,7 @@ def vector_forward_into(res, x5, weight, b, call: VectorCall, nt: int) -> None:
     plus b (an empty array for none) on component 0."""
     E, O = x5.shape[4], weight.shape[0]
     geom = call.geom
-    if forward_by_rows(E, geom.sw):
+    if call.forward == VectorAlgo.ROWS:
         N, C, H, W, _ = x5.shape
         p = call.flat if call.flat is not None else flat_plan(x5, weight, geom)
         xf = chk.contiguous(x5, x5.dtype).reshape(N, C, H, W * E)
@@ -383,7 +356,7 @@ def vector_forward_into(res, x5, weight, b, call: VectorCall, nt: int) -> None:
                      p, nt)
         if b.size:
             res[..., 0] += b[:, None, None]
-    elif forward_by_conv(E, geom.sh, geom.sw, O):
+    elif call.forward == VectorAlgo.IMAGES:
         # conv2d's bias goes to every component image: at E = 1, that is
         # component 0; otherwise it is added to component 0 afterwards.
         kb = b if E == 1 else chk.no_bias(x5.dtype)
@@ -422,12 +395,11 @@ def tiles_forward(x5, weight, b, out, window: geo.Window, nt: int, skip_zero_tap
 
 
 def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_grad: bool,
-                    needs_weight_grad: bool, nt: int, small_e=None):
-    """(grad_x, grad_w, grad_bias) of a checked vector convolution call;
-    small_e chooses the kernels (None: by backward_by_conv). cypool.dask
-    passes the choice of the whole array to each of its E chunks, so that
-    the input gradient of every chunk is the one the whole array gets, bit
-    for bit."""
+                    needs_weight_grad: bool, nt: int, algo=None):
+    """(grad_x, grad_w, grad_bias) of a checked vector convolution call, by
+    algo (None: the call's). cypool.dask passes the choice of the whole
+    array to each of its E chunks, so that the input gradient of every
+    chunk is the one the whole array gets, bit for bit."""
     dt = xc.dtype
     geom = call.geom
     kh, kw, sh, sw, ph, pw, dh, dw = geom.window
@@ -436,12 +408,12 @@ def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_
     x5 = xc if batched else xc[None]
     g5 = chk.contiguous(g if batched else g[None], dt)
     grad_x = grad_w = None
-    if small_e is None:
-        small_e = backward_by_conv(E, sh, sw)
-    if small_e and backward_by_rows(E, sw):
+    if algo is None:
+        algo = call.backward
+    if algo == VectorAlgo.ROWS:
         p = call.flat if call.flat is not None else flat_plan(x5, weight, geom)
         return _rows_backward(g5, x5, weight, p, batched, needs_input_grad, needs_weight_grad, nt)
-    if small_e:
+    if algo == VectorAlgo.IMAGES:
         p = call.plan if call.plan is not None else small_e_plan(x5, weight, geom)
         return _small_e_backward(g5, x5, weight, p, batched, needs_input_grad, needs_weight_grad,
                                  nt)
@@ -472,9 +444,7 @@ def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_
 def _rows_backward(g5, x5, weight, p: Plan, batched, needs_input_grad, needs_weight_grad, nt):
     """(grad_x, grad_w, grad_bias) of a small-E convolution at column
     stride 1, by conv2d's kernels on the flattened rows (flat_plan), the
-    whole batch at once: against the component images 0.60-0.80x the time
-    at E = 4 to 32 on the (16, 32, 32, E) row and 0.47-0.68x on the
-    (1, 28, 28, E) layer, a tie at E = 2. The input gradient runs the
+    whole batch at once. The input gradient runs the
     same sums as the component images' (the same bits with gcc 12; where
     one way takes the direct kernels and the other the phase tiles, a
     newer gcc contracts them differently); the weight gradient sums the

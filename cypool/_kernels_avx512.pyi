@@ -5,16 +5,9 @@ from cypool._kernels_baseline import openmp_info as openmp_info
 from cypool._kernels_baseline import max_threads as max_threads
 from cypool._kernels_baseline import last_team_size as last_team_size
 from cypool._kernels_baseline import team_counts as team_counts
-from cypool._kernels_baseline import set_claiming as set_claiming
-from cypool._kernels_baseline import set_grid as set_grid
-from cypool._kernels_baseline import set_pack_mode as set_pack_mode
-from cypool._kernels_baseline import set_ovec as set_ovec
-from cypool._kernels_baseline import set_ov_band as set_ov_band
-from cypool._kernels_baseline import set_wino as set_wino
 from cypool._kernels_baseline import OVEC_TILES as OVEC_TILES
-from cypool._kernels_baseline import last_forward_path as last_forward_path
+from cypool._kernels_baseline import VECTOR_BYTES as VECTOR_BYTES
 from cypool._kernels_baseline import crowded as crowded
-from cypool._kernels_baseline import set_crowded as set_crowded
 from cypool._kernels_baseline import vector_conv2d_forward as vector_conv2d_forward
 from cypool._kernels_baseline import vector_conv2d_input_grad as vector_conv2d_input_grad
 from cypool._kernels_baseline import vector_conv2d_weight_grad as vector_conv2d_weight_grad

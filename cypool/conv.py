@@ -24,7 +24,8 @@ def _checks(x, weight, stride, padding, dilation):
     x, weight = chk.conv_arrays(x, weight, (3, 4), "x")
     batched = x.ndim == 4
     x4 = x if batched else x[None]
-    return x4, weight, batched, engine.plan(x4.shape, weight.shape, stride, padding, dilation)
+    return x4, weight, batched, engine.plan(x4.shape, weight.shape, stride, padding, dilation,
+                                           x4.dtype)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, num_threads=None):

@@ -47,7 +47,7 @@ from . import _checks as chk
 from . import _geometry as geo
 from . import argmax as _argmax
 from . import pooling as _pooling
-from . import _conv_engine as _engine
+from . import _select
 from . import vector_conv as _vconv
 
 __all__ = ["argmax2d", "max_pool2d", "max_pool2d_backward", "vector_conv2d", "vector_conv2d_backward"]
@@ -372,12 +372,12 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, num_
     return da.moveaxis(da.block(moved), -3, -1)
 
 
-def _input_grad_block(g, x, weight, params, small_e, num_threads):
-    return _vconv._backward(g, x, weight, *params, True, False, num_threads, small_e)[0]
+def _input_grad_block(g, x, weight, params, algo, num_threads):
+    return _vconv._backward(g, x, weight, *params, True, False, num_threads, algo)[0]
 
 
-def _weight_grad_block(g, x, weight, params, small_e, nb, num_threads):
-    gw = _vconv._backward(g, x, weight, *params, False, True, num_threads, small_e)[1]
+def _weight_grad_block(g, x, weight, params, algo, nb, num_threads):
+    gw = _vconv._backward(g, x, weight, *params, False, True, num_threads, algo)[1]
     return gw[(None,) * nb]
 
 
@@ -412,14 +412,17 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     x = x.rechunk({lead: -1, lead + 1: -1, lead + 2: -1})
     g = g.rechunk(x.chunks[:lead] + ((want[lead],), (OH,), (OW,), x.chunks[-1]))
     params = (stride, padding, dilation)
-    # the whole array's kernels, in every chunk
-    small_e = _engine.backward_by_conv(x.shape[-1], geom.sh, geom.sw)
+    # The whole array's E-vectorised tiles in every chunk where it takes
+    # them; else each chunk's own choice of conv2d's kernels (never TILES
+    # at a smaller E).
+    whole = _select.select_vector_backward(x.shape[-1], geom.sh, geom.sw)
+    algo = whole if whole == _select.VectorAlgo.TILES else None
     grad_x = grad_w = None
     if needs_input_grad:
-        fn = partial(_input_grad_block, weight=weight, params=params, small_e=small_e, num_threads=nt)
+        fn = partial(_input_grad_block, weight=weight, params=params, algo=algo, num_threads=nt)
         grad_x = da.map_blocks(fn, g, x, dtype=x.dtype, chunks=x.chunks)
     if needs_weight_grad:
-        fn = partial(_weight_grad_block, weight=weight, params=params, small_e=small_e, nb=lead + 1,
+        fn = partial(_weight_grad_block, weight=weight, params=params, algo=algo, nb=lead + 1,
                      num_threads=nt)
         # one (1, [1,] O, C, kh, kw) gradient per block: axes (E, [N,]) weight's
         n = "n" if batched else ""

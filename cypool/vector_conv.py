@@ -13,6 +13,7 @@ import numpy as np
 from . import _checks as chk
 from . import _conv_engine as engine
 from ._backend import kernel
+from ._select import VectorAlgo
 
 __all__ = ["vector_conv2d", "vector_conv2d_backward"]
 
@@ -105,15 +106,15 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
 
 
 def _backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad, needs_weight_grad,
-             num_threads, small_e=None):
-    """vector_conv2d_backward after the C memo; small_e chooses the kernels
-    (None: as the public function does; see engine.vector_backward)."""
+             num_threads, algo=None):
+    """vector_conv2d_backward after the C memo; algo, a VectorAlgo, chooses
+    the kernels (None: the call's; see engine.vector_backward)."""
     xc, weight, batched, call = engine.checked(engine.VECTOR_CONV2D, engine.vector_checks, x,
                                                weight, stride, padding, dilation)
     dt = xc.dtype
     g = chk.grad_output_arg(grad_output, dt, call.out_shape)
     nt = chk.num_threads_arg(num_threads)
-    if call.direct and small_e is not False:  # a small call at E = 1: the direct kernels
+    if call.direct and algo != VectorAlgo.TILES:  # a small call at E = 1: the direct kernels
         engine.remember(engine.VECTOR_CONV2D, x, weight, stride, padding, dilation,
                         call.out_shape, dt, call.direct, batched)
         grad_x, grad_w, grad_bias = engine.grads_like(xc, weight, needs_input_grad,
@@ -121,4 +122,4 @@ def _backward(grad_output, x, weight, stride, padding, dilation, needs_input_gra
         engine.direct_backward(g, xc, weight, grad_x, grad_w, grad_bias, call.direct, batched)
         return grad_x, grad_w, grad_bias
     return engine.vector_backward(g, xc, weight, batched, call, needs_input_grad,
-                                  needs_weight_grad, nt, small_e)
+                                  needs_weight_grad, nt, algo)

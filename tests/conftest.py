@@ -33,10 +33,10 @@ def uncrowded():
     """Every test starts outside a crowded spell (_backend.threads_for), so
     that a late thread in an earlier test, on a loaded machine, does not
     put its threaded calls on one thread. Tests that assert a team size
-    call _backend.set_crowded(False) again right before the call."""
-    from cypool import _backend
+    call set_crowded(False) again right before the call."""
+    from cypool._testing import set_crowded
 
-    _backend.set_crowded(False)
+    set_crowded(False)
 
 
 @pytest.fixture

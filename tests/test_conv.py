@@ -1,10 +1,15 @@
 """conv2d, conv2d_backward and Conv2d against the loop reference in
 tests/reference.py and, where installed, PyTorch."""
+import contextlib
+
 import numpy as np
 import pytest
 
 import cypool
 import reference as ref
+from cypool._conv_engine import plan
+from cypool._select import ConvAlgo
+from cypool._testing import force, last_conv_algo, set_crowded
 from helpers import torch_or_skip
 
 
@@ -33,6 +38,13 @@ def tol(dtype):
     return dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
 
 
+def _spaced(a):
+    """a's values through a view whose elements lie two apart."""
+    b = np.zeros(a.shape + (2,), a.dtype)
+    b[..., 0] = a
+    return b[..., 0]
+
+
 def check_against_reference(rng, xs, ws, geo, pad, dtype, batched, with_bias, num_threads=None,
                             view=False):
     if not batched:
@@ -48,7 +60,9 @@ def check_against_reference(rng, xs, ws, geo, pad, dtype, batched, with_bias, nu
         xc = np.ascontiguousarray(xc[:, :, ::-1, :]).transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2)[:, :, ::-1, :]
         wc = np.asfortranarray(wc[:, ::-1])[:, ::-1]
         gc = np.ascontiguousarray(gc[..., ::-1])[..., ::-1]
-        assert not xc.flags.c_contiguous and not wc.flags.c_contiguous
+        xc, wc = (_spaced(a) if a.flags.c_contiguous else a for a in (xc, wc))  # 1x1 planes
+        assert not xc.flags.c_contiguous or xc.size == 1
+        assert not wc.flags.c_contiguous or wc.size == 1
     bc = None if b is None else b.astype(dtype)
     if not batched:
         xc, gc, want, rgx, g = xc[0], gc[0], want[0], rgx[0], g[0]
@@ -86,7 +100,7 @@ def test_large_image_runs_on_the_requested_team(rng):
     from cypool import _backend
     if not _backend.kernels.openmp_info()[0]:
         pytest.skip("serial build")
-    _backend.set_crowded(False)
+    set_crowded(False)
     x = rng.standard_normal((1, 16, 64, 64)).astype(np.float32)
     w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
     out = cypool.conv2d(x, w, padding=1, num_threads=2)
@@ -105,23 +119,18 @@ def test_fresh_outputs_are_fully_written(rng):
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.thread_unsafe(reason="set_grid switches the forward's path for every thread")
-@pytest.mark.parametrize("mode", [0, 2])
+@pytest.mark.parametrize("algo", ["virtual", "grid"])
 @pytest.mark.parametrize("trial", range(16))
-def test_forward_with_and_without_the_dropped_columns(rng, trial, mode):
+def test_forward_with_and_without_the_dropped_columns(rng, trial, algo):
     # The forward computes either the virtual output (each row Wq wide, the
     # columns past OW dropped) or only the real positions, gathered from
     # their rows (cypool_vc_grid); where each is taken is a cost rule, so
     # both are forced here, on shapes with 5 to 19 output channels (the
     # gather needs more than a tile's 4) and every geometry, and into a
     # poisoned out= that must be fully written.
-    from cypool._backend import load_variant, RUNNABLE_ISAS
     xs, ws, geo, pad = random_case(rng, big=trial % 2 == 1)
     ws = (5 + int(rng.integers(0, 15)),) + ws[1:]
-    mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
-    for m in mods:
-        m.set_grid(mode)
-    try:
+    with force(conv=algo):
         check_against_reference(rng, xs, ws, geo, pad, [np.float32, np.float64][trial % 2],
                                 batched=True, with_bias=trial % 3 != 0, view=trial % 4 == 0,
                                 num_threads=1 + trial % 3)
@@ -131,79 +140,58 @@ def test_forward_with_and_without_the_dropped_columns(rng, trial, mode):
         out = np.full(want.shape, np.nan, np.float32)
         cypool.conv2d(x, w, None, **geo, out=out, num_threads=2)
         np.testing.assert_array_equal(out, want)
-    finally:
-        for m in mods:
-            m.set_grid(1)
 
 
-@pytest.mark.thread_unsafe(reason="set_pack_mode switches the forward's path for every thread")
 @pytest.mark.parametrize("trial", range(12))
 def test_forward_reads_taps_in_place_or_from_a_copy(rng, trial):
-    # Where a call runs the tiles over the virtual output (not the direct
-    # kernels, not the grid), they read each block of the taps either from a
-    # per-thread copy or where it lies (the phase buffer, or the image read
-    # in place); a cost rule picks one (kh * kw > 1 reads in place). Both are
-    # forced here, on calls big enough for the tiles and with more output
-    # channels than a tile holds (fewer never copy): the same sums, so the
-    # same bits, and the reference's values, forward and input gradient.
-    from cypool._backend import load_variant, RUNNABLE_ISAS
-    from cypool._conv_engine import plan
+    # Over the virtual output the tiles read each block of the taps either
+    # where it lies (the phase buffer, or the image read in place) or from a
+    # per-thread copy; a cost rule picks one (a 1x1 kernel copies). Both are
+    # forced here, with more output channels than a tile holds (fewer never
+    # copy): the same sums, so the same bits, and the reference's values,
+    # forward and input gradient.
     while True:
         xs, ws, geo, pad = random_case(rng, big=True)
         ws = (5 + int(rng.integers(0, 15)),) + ws[1:]
         xs = (max(xs[0], 4),) + xs[1:]
-        if not plan(xs, ws, **geo).direct and min(xs[2:]) > 2:
+        if min(xs[2:]) > 2:
             break
-    mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
     dtype = [np.float32, np.float64][trial % 2]
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal(ws).astype(dtype)
     got = {}
-    try:
-        for m in mods:
-            m.set_grid(0)
-        for mode in (0, 2):
-            for m in mods:
-                m.set_pack_mode(mode)
+    for algo in ("virtual_copied", "virtual"):
+        with force(conv=algo):
             check_against_reference(rng, xs, ws, geo, pad, dtype, batched=True,
                                     with_bias=trial % 3 != 0, view=trial % 4 == 0,
                                     num_threads=1 + trial % 3)
             out = np.full(cypool.conv2d(x, w, **geo).shape, np.nan, dtype)
             cypool.conv2d(x, w, None, **geo, out=out, num_threads=1 + trial % 2)
-            got[mode] = out
-        np.testing.assert_array_equal(got[0], got[2])
-    finally:
-        for m in mods:
-            m.set_pack_mode(1)
-            m.set_grid(1)
+            assert last_conv_algo() == ConvAlgo[algo.upper()]
+            got[algo] = out
+    np.testing.assert_array_equal(got["virtual"], got["virtual_copied"])
 
 
-@pytest.mark.thread_unsafe(reason="set_ovec switches the forward's path for every thread")
 @pytest.mark.parametrize("trial", range(16))
 def test_forward_with_output_channels_in_the_lanes(rng, trial):
     # The forward puts output positions in the vector lanes (the virtual
     # output or the grid) or output channels (_conv_ovec.h); a cost rule
-    # picks one, so both are forced here, on calls that do not take the
-    # direct kernels: output channels that fill whole vectors of every build
-    # or do not, column strides 1 and 2 (3 falls back), 1-3 images cut into
-    # row chunks on 2 or 3 threads or whole images on one, views, and a
-    # stride-1 input gradient (the same forward, transposed). Then the same
-    # call into a poisoned out=, and an image with NaN and +-inf: the same
-    # sums in the same order both ways, so the same bits. The lanes run
-    # again with bands of one row of outputs (their padded rows filled a
-    # band at a time, the next band prefetched): the same bits again.
-    from cypool._backend import kernels, load_variant, RUNNABLE_ISAS
-    from cypool._conv_engine import plan
+    # picks one, so both are forced here: output channels that fill whole
+    # vectors of every build or do not, column strides 1 and 2 (3 falls
+    # back), 1-3 images cut into row chunks on 2 or 3 threads or whole
+    # images on one, views, and a stride-1 input gradient (the same
+    # forward, transposed). Then the same call into a poisoned out=, and an
+    # image with NaN and +-inf: the same sums in the same order both ways,
+    # so the same bits. The lanes run again with bands of one row of
+    # outputs (their padded rows filled a band at a time, the next band
+    # prefetched): the same bits again.
     while True:
         xs, ws, geo, pad = random_case(rng, big=True)
         O = [8, 16, 32, 48, 64, 5 + int(rng.integers(0, 30))][trial % 6]
         ws = (O,) + ws[1:]
         xs = (1 + trial % 3,) + xs[1:]
-        if not plan(xs, ws, **geo).direct and min(xs[2:]) > 2:
+        if min(xs[2:]) > 2:
             break
-    mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
-    for m in mods:
-        m.set_wino(0)  # the lanes' direct sums (F(2, 3) has a test of its own)
     dtype = [np.float32, np.float64][trial % 2]
     nt = 1 + trial % 3
     x = rng.standard_normal(xs).astype(dtype)
@@ -212,33 +200,24 @@ def test_forward_with_output_channels_in_the_lanes(rng, trial):
     b = rng.standard_normal(O).astype(dtype)
     want = ref.conv2d(x.astype(np.float64), w, b, geo["stride"], pad, geo["dilation"])
     got = {}
-    try:
-        for mode in (0, 2):
-            for m in mods:
-                m.set_ovec(mode)
+    for algo in ("virtual", "lanes"):
+        with force(conv=algo):
             check_against_reference(rng, xs, ws, geo, pad, dtype, batched=True,
                                     with_bias=trial % 4 != 0, view=trial % 5 == 0,
                                     num_threads=nt)
             out = np.full(want.shape, np.nan, dtype)
             cypool.conv2d(x, w, b, **geo, out=out, num_threads=nt)
-            if mode == 2 and geo["stride"][1] <= 2:
-                assert kernels.last_forward_path() == "ovec"
+            if algo == "lanes" and geo["stride"][1] <= 2:
+                assert last_conv_algo() == ConvAlgo.LANES
             np.testing.assert_allclose(out, want, equal_nan=True, **tol(dtype))
-            got[mode] = out
-        np.testing.assert_array_equal(got[0], got[2])
-        for m in mods:
-            m.set_ov_band(1)
+            got[algo] = out
+    np.testing.assert_array_equal(got["virtual"], got["lanes"])
+    with force(conv="lanes", ov_band=1):
         out = np.full(want.shape, np.nan, dtype)
         cypool.conv2d(x, w, b, **geo, out=out, num_threads=nt)
-        np.testing.assert_array_equal(out, got[2])
-    finally:
-        for m in mods:
-            m.set_ovec(1)
-            m.set_wino(1)
-            m.set_ov_band(128 * 1024)
+    np.testing.assert_array_equal(out, got["lanes"])
 
 
-@pytest.mark.thread_unsafe(reason="set_ovec and set_wino switch the forward's path for every thread")
 @pytest.mark.parametrize("trial", range(16))
 def test_forward_by_f23_along_the_rows(rng, trial):
     # Rows three taps wide at column stride and dilation 1 may run by F(2, 3)
@@ -249,8 +228,6 @@ def test_forward_by_f23_along_the_rows(rng, trial):
     # and values whose transformed sums overflow though the direct ones do
     # not: those rows run the direct way, to the reference's inf, NaN and
     # finite values. Weights that are not finite turn it off for the call.
-    from cypool._backend import kernels, load_variant, RUNNABLE_ISAS
-    from cypool._conv_engine import plan
     while True:
         xs, ws, geo, pad = random_case(rng, big=True)
         O = [16, 32, 48, 5 + int(rng.integers(0, 40))][trial % 4]
@@ -260,10 +237,9 @@ def test_forward_by_f23_along_the_rows(rng, trial):
         if geo["padding"] == "same":
             pad = (pad[0], (1, 1))
         xs = (1 + trial % 3,) + xs[1:3] + (int(rng.integers(4, 40)),)
-        if (not plan(xs, ws, **geo).direct and xs[2] + sum(pad[0]) >= geo["dilation"][0] * (ws[2] - 1) + 1
+        if (xs[2] + sum(pad[0]) >= geo["dilation"][0] * (ws[2] - 1) + 1
                 and xs[3] + sum(pad[1]) - 2 >= 2):
             break
-    mods = [load_variant(isa) for isa in RUNNABLE_ISAS]
     dtype = [np.float32, np.float64][trial % 2]
     nt = 1 + trial % 3
     x = rng.standard_normal(xs).astype(dtype)
@@ -272,81 +248,77 @@ def test_forward_by_f23_along_the_rows(rng, trial):
     if trial % 5 == 0:  # a view
         x = np.ascontiguousarray(np.swapaxes(x, 2, 3)).swapaxes(2, 3)
     want = ref.conv2d(x.astype(np.float64), w, b, geo["stride"], pad, geo["dilation"])
-    try:
-        for m in mods:
-            m.set_ovec(2)
-        for m in mods:
-            m.set_wino(0)
+    with force(conv="lanes"):
         direct = cypool.conv2d(x, w, b, **geo, num_threads=nt)
-        for m in mods:
-            m.set_wino(2)
+    with force(conv="winograd"):
         out = np.full(want.shape, np.nan, dtype)
         cypool.conv2d(x, w, b, **geo, out=out, num_threads=nt)
-        assert kernels.last_forward_path() == "winograd"
-        np.testing.assert_allclose(out, want, **tol(dtype))
-        np.testing.assert_allclose(out, direct, **tol(dtype))
-        for m in mods:
-            m.set_ov_band(1)
+        assert last_conv_algo() == ConvAlgo.WINOGRAD
+    np.testing.assert_allclose(out, want, **tol(dtype))
+    np.testing.assert_allclose(out, direct, **tol(dtype))
+    with force(conv="winograd", ov_band=1):
         np.testing.assert_array_equal(cypool.conv2d(x, w, b, **geo, num_threads=nt), out)
-        for m in mods:
-            m.set_ov_band(128 * 1024)
-        # NaN, +-inf, and a pair of huge values (their sum overflows in the
-        # transformed rows; the direct sums, with small weights, do not).
-        xb = x.copy()
-        big = np.finfo(dtype).max / 1.5
-        xb.flat[rng.integers(0, x.size, size=3)] = [np.nan, np.inf, -np.inf]
-        n, r, c = (int(rng.integers(0, v)) for v in (xs[0], xs[2], xs[3] - 1))
-        c -= (c + pad[1][0]) % 2 == 0 and c > 0  # at padded columns 2m + 1, 2m + 2: U1 = inf
-        xb[n, :, r, c:c + 2] = big
-        ws_small = np.abs(w) * 1e-3  # no cancellation of huge terms, in any order
-        with np.errstate(over="ignore", invalid="ignore"):
-            want = ref.conv2d(xb.astype(np.float64), ws_small, b, geo["stride"], pad,
-                              geo["dilation"])
-            want = want.astype(dtype)  # float32's overflow where float64's sums pass its max
+    # NaN, +-inf, and a pair of huge values (their sum overflows in the
+    # transformed rows; the direct sums, with small weights, do not).
+    xb = x.copy()
+    big = np.finfo(dtype).max / 1.5
+    xb.flat[rng.integers(0, x.size, size=3)] = [np.nan, np.inf, -np.inf]
+    n, r, c = (int(rng.integers(0, v)) for v in (xs[0], xs[2], xs[3] - 1))
+    c -= (c + pad[1][0]) % 2 == 0 and c > 0  # at padded columns 2m + 1, 2m + 2: U1 = inf
+    xb[n, :, r, c:c + 2] = big
+    ws_small = np.abs(w) * 1e-3  # no cancellation of huge terms, in any order
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = ref.conv2d(xb.astype(np.float64), ws_small, b, geo["stride"], pad,
+                          geo["dilation"])
+        want = want.astype(dtype)  # float32's overflow where float64's sums pass its max
+    with force(conv="winograd"):
         got = cypool.conv2d(xb, ws_small, b, **geo, num_threads=nt)
-        assert kernels.last_forward_path() == "winograd"
-        np.testing.assert_allclose(got, want, equal_nan=True, **tol(dtype))
-        wbad = w.copy()
-        wbad.flat[int(rng.integers(0, w.size))] = np.inf
-        with np.errstate(invalid="ignore"):
-            want = ref.conv2d(x.astype(np.float64), wbad, b, geo["stride"], pad, geo["dilation"])
+        assert last_conv_algo() == ConvAlgo.WINOGRAD
+    np.testing.assert_allclose(got, want, equal_nan=True, **tol(dtype))
+    wbad = w.copy()
+    wbad.flat[int(rng.integers(0, w.size))] = np.inf
+    with np.errstate(invalid="ignore"):
+        want = ref.conv2d(x.astype(np.float64), wbad, b, geo["stride"], pad, geo["dilation"])
+    with force(conv="winograd"):
         got = cypool.conv2d(x, wbad, b, **geo, num_threads=nt)
-        assert kernels.last_forward_path() == "ovec"
-        np.testing.assert_allclose(got, want, equal_nan=True, **tol(dtype))
-    finally:
-        for m in mods:
-            m.set_ovec(1)
-            m.set_wino(1)
-            m.set_ov_band(128 * 1024)
+        assert last_conv_algo() == ConvAlgo.LANES  # the kernel's fallback
+    np.testing.assert_allclose(got, want, equal_nan=True, **tol(dtype))
 
 
 @pytest.mark.parametrize("shape, O, k, stride, padding, path", [
-    ((64, 6, 14, 14), 16, 5, 1, 0, "ovec"),    # LeNet's second convolution
-    ((4, 16, 13, 13), 32, 4, 2, 0, "ovec"),    # a small verification network's strided layer
-    ((3, 32, 6, 6), 64, 3, 1, 1, "ovec"),
+    ((64, 6, 14, 14), 16, 5, 1, 0, "lanes"),   # LeNet's second convolution
+    ((4, 16, 13, 13), 32, 4, 2, 0, "lanes"),   # a small verification network's strided layer
+    ((3, 32, 6, 6), 64, 3, 1, 1, "lanes"),
     ((2, 64, 28, 28), 128, 3, 1, 1, "winograd"),  # 2 columns of 30 dropped, but 576 taps
-    ((2, 64, 7, 7), 128, 3, 1, 1, "ovec"),     # rows of 7: too short for F(2, 3)
+    ((2, 64, 7, 7), 128, 3, 1, 1, "lanes"),    # rows of 7: too short for F(2, 3)
     ((8, 8, 28, 28), 8, 3, 1, 1, "virtual"),   # 2 columns of 30 dropped
     ((1, 3, 64, 64), 64, 7, 2, 3, "virtual"),  # a stem: 3 of 35 columns dropped, 147 taps
-    ((4, 6, 14, 14), 12, 5, 1, 0, "virtual"),  # channels that fill no whole vector
+    ((16, 6, 14, 14), 12, 5, 1, 0, "virtual"),  # channels that fill no whole vector
+    ((2, 16, 16, 16), 72, 3, 1, 1, "grid"),    # 72 channels fill no pair of vectors
+    ((4, 64, 28, 28), 64, 1, 1, 0, "virtual_copied"),  # a 1x1 kernel's taps do not overlap
 ])
 def test_forward_takes_output_channels_in_the_lanes_where_it_pays(rng, shape, O, k, stride,
                                                                    padding, path):
-    # The rule (_takes_ovec): rows that drop a quarter or more of the
+    # The rule (cypool._select.select_conv, asked directly and through a
+    # call): rows that drop a quarter or more of the
     # virtual output's columns, or 256 taps or more, with channels that
     # fill pairs of vectors take it in every build; few dropped columns
     # and few taps, or partly filled vectors, do not. Rows three taps wide
     # and 13 or more outputs long, of 16 (channel, kernel row) pairs or
-    # more, run by F(2, 3) (28 and 128 with AVX2). Against the reference.
+    # more, run by F(2, 3) (28 and 128 with AVX2). 64 channels or more on
+    # rows with enough dropped columns gather the real positions; a 1x1
+    # kernel copies its taps. Against the reference.
     from cypool import _backend
-    if not _backend.kernels.OVEC_TILES:
+    if not _backend.module_for("conv2d_forward").OVEC_TILES:
         pytest.skip("a build without gcc's vector types never takes it")
     x = rng.standard_normal(shape).astype(np.float32)
     w = rng.standard_normal((O, shape[1], k, k)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
     want = ref.conv2d(x, w, b, (stride, stride), ((padding,) * 2,) * 2, (1, 1))
+    p = plan(shape, w.shape, stride, padding, 1, np.float32)
+    assert ConvAlgo(p.forward.algo[0]) == ConvAlgo[path.upper()]
     out = cypool.conv2d(x, w, b, stride, padding)
-    assert _backend.kernels.last_forward_path() == path
+    assert last_conv_algo() == ConvAlgo[path.upper()]
     np.testing.assert_allclose(out, want, **tol(np.float32))
 
 
@@ -377,14 +349,13 @@ def test_batches_claimed_by_whole_images(rng, stride, padding):
 def test_weight_grad_is_deterministic_for_a_thread_count(rng):
     # (each call outside a crowded spell: a late team thread in the call
     # before, on a loaded machine, would put the next one on one thread)
-    from cypool import _backend
     x = rng.standard_normal((6, 8, 20, 20)).astype(np.float32)
     w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
     g = rng.standard_normal((6, 8, 18, 18)).astype(np.float32)
-    _backend.set_crowded(False)
+    set_crowded(False)
     first = cypool.conv2d_backward(g, x, w, num_threads=2)[1]
     for _ in range(3):
-        _backend.set_crowded(False)
+        set_crowded(False)
         np.testing.assert_array_equal(cypool.conv2d_backward(g, x, w, num_threads=2)[1], first)
 
 
@@ -536,21 +507,15 @@ def test_unpadded_stride1_reads_images_in_place(rng, k):
 
 
 @pytest.fixture
-def forced_path(monkeypatch):
-    """force(path): every stride-1 convolution after it runs on the direct
-    kernels ("direct", small or not) or on the phase kernels ("phase")."""
-    from cypool import _conv_engine as engine
-
-    def force(path):
-        rule = (lambda sh, sw, serial: sh == sw == 1) if path == "direct" else (lambda *a: False)
-        monkeypatch.setattr(engine, "takes_direct", rule)
-        engine.forget()  # the one cache of checked calls, and the C memo
-
-    yield force
-    engine.forget()
+def forced_path():
+    """forced_path(path): every stride-1 convolution after it, in the test,
+    runs on the direct kernels ("direct", small or not) or on the phase
+    kernels ("virtual")."""
+    with contextlib.ExitStack() as stack:
+        yield lambda path: stack.enter_context(force(conv=path))
 
 
-@pytest.mark.parametrize("path", ["direct", "phase"])
+@pytest.mark.parametrize("path", ["direct", "virtual"])
 @pytest.mark.parametrize("trial", range(24))
 def test_both_stride1_kernels_match_reference(rng, forced_path, path, trial):
     # Small calls take the direct kernels, the rest the phase kernels; each
@@ -572,14 +537,36 @@ def test_both_stride1_kernels_match_reference(rng, forced_path, path, trial):
 
 
 def test_small_stride1_calls_take_the_direct_kernels():
-    from cypool._conv_engine import plan
-    assert plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 0, 1).direct
-    assert plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 2, 2).direct
-    assert not plan((1, 1, 28, 28), (2, 1, 5, 5), 2, 0, 1).direct  # strided
-    assert not plan((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1).direct  # a team's work
+    f32 = np.float32
+    assert plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 0, 1, f32).direct
+    assert plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 2, 2, f32).direct
+    assert not plan((1, 1, 28, 28), (2, 1, 5, 5), 2, 0, 1, f32).direct  # strided
+    assert not plan((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1, f32).direct  # a team's work
+    with force(conv="virtual"):
+        assert not plan((1, 1, 28, 28), (2, 1, 5, 5), 1, 0, 1, f32).direct
+    with force(conv="direct"):
+        assert plan((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1, f32).direct
+        assert not plan((1, 1, 28, 28), (2, 1, 5, 5), 2, 0, 1, f32).direct  # strided
 
 
-@pytest.mark.parametrize("path", ["direct", "phase"])
+def test_weight_gradient_rule_and_both_ways(rng):
+    # 8 output channels or fewer take dot products, more the tiles
+    # (select_weight_grad); both forced on one call give the reference's
+    # gradient.
+    from cypool._select import WeightGradAlgo, select_weight_grad
+    assert select_weight_grad(8) == WeightGradAlgo.DOTS
+    assert select_weight_grad(9) == WeightGradAlgo.TILES
+    x = rng.standard_normal((3, 4, 20, 19))
+    w = rng.standard_normal((6, 4, 3, 3))
+    g = rng.standard_normal((3, 6, 18, 17))
+    want = ref.conv2d_backward(g, x, w, (1, 1), ((0, 0), (0, 0)), (1, 1))
+    for algo in ("dots", "tiles"):
+        with force(conv="virtual", weight_grad=algo):
+            got = cypool.conv2d_backward(g, x, w, num_threads=2)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("path", ["direct", "virtual"])
 @pytest.mark.parametrize("W", [7, 13, 21, 37])
 def test_inf_read_only_by_a_rows_last_vector(rng, forced_path, path, W):
     # The last vector of an output row runs past the row's end; its extra

@@ -62,7 +62,7 @@ def test_kernel_modules_need_nothing_else_of_libgomp():
     nm = shutil.which("nm")
     if nm is None or platform.system() != "Linux":
         pytest.skip("needs nm on Linux")
-    mods = [m for m in _backend._every_module() if m.team_counts() is not None]
+    mods = [m for m in _backend.every_module() if m.team_counts() is not None]
     if not mods:
         pytest.skip("the parallel blocks run on libgomp's team in this build")
     for m in mods:

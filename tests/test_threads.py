@@ -9,6 +9,7 @@ import pytest
 import cypool
 from cypool import _backend
 from cypool._backend import kernels, module_for
+from cypool._testing import set_claiming, set_crowded
 import reference as ref
 
 BIG = (4, 16, 64, 64)  # large enough to run in parallel
@@ -28,7 +29,7 @@ def team_of(fn, *args, **kw):
     """The team size fn(*args, **kw) ran on, called outside a crowded spell
     (a late thread in the call before, on a loaded machine, would put it on
     one thread), and its result."""
-    _backend.set_crowded(False)
+    set_crowded(False)
     res = fn(*args, **kw)
     return module_for(_KERNEL_OF.get(fn, "conv2d_forward")).last_team_size(), res
 
@@ -66,10 +67,10 @@ def test_a_crowded_spell_runs_calls_on_the_calling_thread(rng):
              ("argmax2d", lambda: cypool.argmax2d(x, num_threads=2)),
              ("conv2d_forward", lambda: cypool.conv2d(x, w, None, 2, 1, num_threads=2))]
     for name, call in calls:
-        _backend.set_crowded(False)
+        set_crowded(False)
         expected = call()
         assert module_for(name).last_team_size() == 2
-        _backend.set_crowded(True)
+        set_crowded(True)
         assert _backend.crowded()
         got = call()
         assert module_for(name).last_team_size() == 1
@@ -77,7 +78,7 @@ def test_a_crowded_spell_runs_calls_on_the_calling_thread(rng):
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)
-    _backend.set_crowded(False)
+    set_crowded(False)
     assert not _backend.crowded()
 
 
@@ -89,7 +90,7 @@ def test_a_spell_in_the_capped_kernels_module_counts(rng):
     # does not run (a scheduler slice a call after a numpy product).
     x, w = _threaded_case(rng)
     assert team_of(cypool.max_pool2d, x, 2, num_threads=2)[0] == 2
-    module_for("max_pool2d_forward").set_crowded(True)  # that module alone
+    module_for("max_pool2d_forward")._set_crowded(True)  # that module alone
     try:
         assert _backend.crowded()
         cypool.max_pool2d(x, 2, num_threads=2)
@@ -97,10 +98,10 @@ def test_a_spell_in_the_capped_kernels_module_counts(rng):
         cypool.conv2d(x, w, None, 2, 1, num_threads=2)
         assert module_for("conv2d_forward").last_team_size() == 1
     finally:
-        _backend.set_crowded(False)
+        set_crowded(False)
 
 
-@pytest.mark.thread_unsafe(reason="set_claiming switches every thread's kernels")
+@pytest.mark.thread_unsafe(reason="set_claiming switches every thread's kernels, process-wide")
 @pytest.mark.parametrize("claiming", [True, False])
 def test_claimed_and_static_shares_give_the_reference(rng, claiming):
     # The kernels claim blocks of work; the A/B switch splits it in equal
@@ -114,7 +115,7 @@ def test_claimed_and_static_shares_give_the_reference(rng, claiming):
     xs = rng.standard_normal((3, 37, 29, 31)).astype(np.float32)[:, :, ::2]
     xv = rng.standard_normal((2, 3, 17, 19, 40))
     wv = rng.standard_normal((4, 3, 3, 3))
-    _backend.set_claiming(claiming)
+    set_claiming(claiming)
     try:
         out, idx = cypool.max_pool2d(x, 3, 2, 1, return_indices=True, num_threads=2)
         am = cypool.argmax2d(x, num_threads=2)
@@ -122,7 +123,7 @@ def test_claimed_and_static_shares_give_the_reference(rng, claiming):
         vo = cypool.vector_conv2d(xv, wv, None, 1, 1, num_threads=2)
         vg = cypool.vector_conv2d_backward(np.ones_like(vo), xv, wv, 1, 1, num_threads=2)[0]
     finally:
-        _backend.set_claiming(True)
+        set_claiming(True)
     r_out, r_idx = ref.max_pool2d(x, 3, 2, 1)
     np.testing.assert_array_equal(out, r_out)
     np.testing.assert_array_equal(idx, r_idx)
@@ -242,10 +243,10 @@ def test_weight_grads_are_the_same_in_a_crowded_spell(rng):
     for call in calls:
         size, team = team_of(call)
         assert size == 2
-        _backend.set_crowded(True)
+        set_crowded(True)
         alone = call()
         assert kernels.last_team_size() == 1
-        _backend.set_crowded(False)
+        set_crowded(False)
         for a, b in zip(team, alone):
             if a is not None:
                 np.testing.assert_array_equal(a, b)
@@ -270,7 +271,7 @@ def test_parallel_calls_run_on_cypools_own_team(rng):
     assert mod.team_counts()["regions"] == before["regions"]
     joined = 0
     for calls in range(1, 201):
-        _backend.set_crowded(False)
+        set_crowded(False)
         np.testing.assert_array_equal(cypool.max_pool2d(x, 2, num_threads=2), want)
         now = mod.team_counts()
         assert now["regions"] == before["regions"] + calls

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import cypool
-import cypool._conv_engine as vc
 import reference as ref
+from cypool._select import VectorAlgo, select_vector_backward, select_vector_forward
+from cypool._testing import force, set_crowded
 from helpers import torch_or_skip
 
 
@@ -83,16 +84,15 @@ def test_non_contiguous_inputs(rng):
 
 @pytest.mark.thread_unsafe(reason="the same team size for every call: calls on other threads start crowded spells, process-wide")
 def test_threads_give_the_same_result(rng):
-    from cypool import _backend
     x = rng.standard_normal((2, 4, 16, 16, 33)).astype(np.float32)
     w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
     a = cypool.vector_conv2d(x, w, num_threads=1, padding=1)
     b = cypool.vector_conv2d(x, w, num_threads=2, padding=1)
     np.testing.assert_array_equal(a, b)
     g = rng.standard_normal(a.shape).astype(np.float32)
-    _backend.set_crowded(False)
+    set_crowded(False)
     first = cypool.vector_conv2d_backward(g, x, w, padding=1, num_threads=2)
-    _backend.set_crowded(False)
+    set_crowded(False)
     for u, v in zip(first, cypool.vector_conv2d_backward(g, x, w, padding=1, num_threads=2)):
         np.testing.assert_array_equal(u, v)  # deterministic for a thread count
 
@@ -292,14 +292,17 @@ def test_e_chunked_sweep_matches(rng, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("O,C", [(8, 3), (6, 2), (5, 1), (7, 4)])
-def test_vector_tiles_at_every_end_of_e(rng, monkeypatch, dtype, O, C):
+def test_vector_tiles_at_every_end_of_e(rng, dtype, O, C):
     # The E-vectorised tiles forced at E = 1 to 25 (at small E conv2d's
     # kernels take the call): every partial block at the end of E, of 1 to
     # 7 components after the vector tiles, with the bias on component 0;
     # output channels 4 at a time and a last block of 1 to 3 (O in the
     # forward, C in the input gradient).
-    monkeypatch.setattr(vc, "forward_by_conv", lambda E, sh, sw, O: False)
-    monkeypatch.setattr(vc, "backward_by_conv", lambda E, sh, sw: False)
+    with force(vector_forward="tiles", vector_backward="tiles"):
+        _tiles_at_every_end_of_e(rng, dtype, O, C)
+
+
+def _tiles_at_every_end_of_e(rng, dtype, O, C):
     for E in range(1, 26):
         x = rng.standard_normal((2, C, 7, 6, E)).astype(dtype)
         x[0, -1, 2, :, :] = 0.0
@@ -317,26 +320,27 @@ def test_vector_tiles_at_every_end_of_e(rng, monkeypatch, dtype, O, C):
 
 
 @pytest.mark.parametrize("E,stride,O,forward,backward", [
-    (1, 1, 16, True, True), (7, 2, 16, True, True), (8, 1, 16, True, True),
-    (8, 2, 16, False, True), (8, 2, 2, False, True), (12, 2, 32, True, True),
-    (15, 1, 16, True, True), (16, 1, 32, False, True), (16, 1, 2, True, True),
-    (16, 2, 2, False, True), (20, 2, 16, False, True), (24, 1, 16, False, True),
-    (24, 2, 16, False, False), (32, 1, 16, False, True), (33, 1, 16, False, False)])
-def test_crossover_rules(E, stride, O, forward, backward):
-    assert vc.forward_by_conv(E, stride, stride, O) is forward
-    assert vc.backward_by_conv(E, stride, stride) is backward
+    (1, 1, 16, "images", "images"), (7, 2, 16, "images", "images"), (8, 1, 16, "rows", "rows"),
+    (8, 2, 16, "tiles", "images"), (8, 2, 2, "tiles", "images"), (12, 2, 32, "images", "images"),
+    (15, 1, 16, "rows", "rows"), (16, 1, 32, "rows", "rows"), (16, 1, 2, "rows", "rows"),
+    (16, 2, 2, "tiles", "images"), (20, 2, 16, "tiles", "images"), (24, 1, 16, "tiles", "rows"),
+    (24, 2, 16, "tiles", "tiles"), (32, 1, 16, "tiles", "rows"), (33, 1, 16, "tiles", "tiles"),
+    (2, 1, 16, "rows", "rows"), (17, 1, 16, "tiles", "rows"), (4, 3, 16, "images", "images")])
+def test_selection_rules(E, stride, O, forward, backward):
+    # cypool._select's rules: rows flattened at column stride 1 and small E,
+    # the component images below E = 16 (a strided forward but at E = 8),
+    # the E-vectorised tiles above; the backward takes conv2d's kernels
+    # further, up to E = 20, and E = 32 at stride 1.
+    assert select_vector_forward(E, stride, stride, O) == VectorAlgo[forward.upper()]
+    assert select_vector_backward(E, stride, stride) == VectorAlgo[backward.upper()]
+    with force(vector_forward="rows", vector_backward="tiles"):
+        assert select_vector_forward(E, stride, stride, O) == (
+            VectorAlgo.ROWS if stride == 1 else VectorAlgo[forward.upper()])
+        assert select_vector_backward(E, stride, stride) == VectorAlgo.TILES
 
 
-@pytest.mark.parametrize("E,sw,rows", [(1, 1, False), (2, 1, True), (8, 1, True), (16, 1, True),
-                                        (17, 1, False), (8, 2, False), (4, 3, False)])
-def test_forward_by_rows_rule(E, sw, rows):
-    assert vc.forward_by_rows(E, sw) is rows
-    assert vc.backward_by_rows(E, sw) is (sw == 1 and E > 1)
-
-
-@pytest.mark.thread_unsafe(reason="monkeypatches the engine's forward rule")
 @pytest.mark.parametrize("trial", range(12))
-def test_forward_by_flattened_rows(rng, monkeypatch, trial):
+def test_forward_by_flattened_rows(rng, trial):
     # At column stride 1 and 2 <= E <= 16 the forward, and the backward, are
     # standard convolutions of the rows flattened to W * E values
     # (flat_plan): against
@@ -358,15 +362,14 @@ def test_forward_by_flattened_rows(rng, monkeypatch, trial):
     b = rng.standard_normal(O).astype(dtype) if trial % 4 else None
     xin = np.ascontiguousarray(x[:, :, ::-1])[:, :, ::-1] if trial % 3 == 0 else x
     nt = 1 + trial % 3
-    assert vc.forward_by_rows(E, 1)
+    assert select_vector_forward(E, 1, 1, O) == VectorAlgo.ROWS
     out = cypool.vector_conv2d(xin if N > 1 else xin[0], w, b, **geo, num_threads=nt)
     with np.errstate(invalid="ignore"):  # inf - inf in the reference's sums
         want = ref.vector_conv2d(x.astype(np.float64), w.astype(np.float64),
                                  None if b is None else b.astype(np.float64), geo["stride"],
                                  geo["padding"], geo["dilation"])
     np.testing.assert_allclose(out, want if N > 1 else want[0], equal_nan=True, **tol(dtype))
-    # The backward (E <= 16 takes conv2d's kernels: backward_by_conv), on
-    # finite values.
+    # The backward (rows flattened too), on finite values.
     xf = np.nan_to_num(xin, posinf=3.0, neginf=-3.0)
     g = rng.standard_normal(want.shape).astype(dtype)
     got = cypool.vector_conv2d_backward(g if N > 1 else g[0], xf if N > 1 else xf[0], w, **geo,
@@ -376,17 +379,10 @@ def test_forward_by_flattened_rows(rng, monkeypatch, trial):
                                     geo["dilation"])
     for a, r in zip(got, (rg[0] if N > 1 else rg[0][0], rg[1], rg[2])):
         np.testing.assert_allclose(a, r, **tol(dtype))
-    monkeypatch.setattr(vc, "forward_by_rows", lambda E, sw: False)
-    monkeypatch.setattr(vc, "backward_by_rows", lambda E, sw: False)
-    monkeypatch.setattr(vc, "forward_by_conv", lambda E, sh, sw, O: True)
-    vc.forget()
-    try:
+    with force(vector_forward="images", vector_backward="images"):
         by_images = cypool.vector_conv2d(xin if N > 1 else xin[0], w, b, **geo, num_threads=nt)
         gx_images = cypool.vector_conv2d_backward(g if N > 1 else g[0], xf if N > 1 else xf[0],
                                                   w, **geo, num_threads=nt)[0]
-    finally:
-        monkeypatch.undo()
-        vc.forget()
     np.testing.assert_array_equal(out, by_images)
     # The input gradient's sums are the component images' too, but a small
     # call may take the direct kernels one way and the phase tiles the
@@ -399,15 +395,15 @@ def test_forward_by_flattened_rows(rng, monkeypatch, trial):
 @pytest.mark.parametrize("O", [2, 6])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_e16_both_ways(rng, O, stride):
-    # At E = 16 a stride-1 forward takes conv2d's kernels for fewer output
-    # channels than a tile holds and the tiles for more; strided, the
-    # tiles (forward_by_conv): each against the reference, with padding,
-    # dilation, a bias and a zero pixel.
+    # At E = 16 a stride-1 forward runs on flattened rows; a strided one
+    # takes the E-vectorised tiles (select_vector_forward): each against the
+    # reference, with padding, dilation, a bias and a zero pixel.
     x = rng.standard_normal((2, 3, 13, 12, 16)).astype(np.float32)
     x[1, 0, 3, :, :] = 0.0
     w = rng.standard_normal((O, 3, 3, 3)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
-    assert vc.forward_by_conv(16, stride, stride, O) is (stride == 1 and O < 4)
+    assert select_vector_forward(16, stride, stride, O) == (VectorAlgo.ROWS if stride == 1
+                                                            else VectorAlgo.TILES)
     out = cypool.vector_conv2d(x, w, b, stride, 1, (1, 2))
     want = ref.vector_conv2d(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64),
                              (stride, stride), (1, 1), (1, 2))
@@ -418,7 +414,7 @@ def test_e16_both_ways(rng, O, stride):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_small_e_sweep_matches_reference(rng, E, dtype):
     # The E values of the small-E sweep, on both sides of each crossover
-    # (cypool._conv_engine.forward_by_conv / backward_by_conv), batched,
+    # (cypool._select.select_vector_forward / select_vector_backward), batched,
     # with padding, stride and dilation, and ties and specials in x.
     x = rng.standard_normal((2, 3, 11, 9, E)).astype(dtype)
     x[0, 1, 2, 3, :] = 0.0

@@ -97,15 +97,14 @@ cdef inline value_t _highest(value_t* like) noexcept nogil:
 
 
 # Whether parallel kernels claim their work a block at a time (_claim);
-# False splits it as schedule="static" would. For A/B measurement only
-# (set_claiming): the kernels always claim.
+# False splits it as schedule="static" would: for A/B runs only
+# (cypool._testing.set_claiming), process-wide.
 cdef bint _claiming = True
 
 
-def set_claiming(bint on):
-    """Diagnostic for the benches' A/B runs: parallel kernels claim their
-    work items a block at a time (True, the default) or split them in equal
-    contiguous shares (False, the old way). Not thread-safe; not for use."""
+def _set_claiming(bint on):
+    """Parallel kernels claim their work items a block at a time (True, the
+    default) or split them in equal contiguous shares (False)."""
     global _claiming
     _claiming = on
 
@@ -179,7 +178,7 @@ cdef inline Py_ssize_t _claim(Team* team, Py_ssize_t Q, Py_ssize_t B,
     (cypool_note_start), and _team_end whether the calling thread waited
     long for a thread preempted mid-block (cypool_note_end): on libgomp's
     team either starts a crowded spell, in which calls run serial
-    (docs/performance.md, "Inside real programs"). On cypool's own team
+    (docs/performance.md, "Threads inside real programs"). On cypool's own team
     (_team.h) a late thread number runs on the calling thread once its
     blocks are done, and finds none left."""
     cdef Py_ssize_t start
@@ -208,10 +207,10 @@ def crowded():
     return bool(cypool_crowded())
 
 
-def set_crowded(bint on):
-    """Diagnostic for tests and benches: start a crowded spell of the
-    longest length now (True), or end it (False); either way the next
-    spell's length starts at its shortest."""
+def _set_crowded(bint on):
+    """Start a crowded spell of the longest length now (True), or end it
+    (False); either way the next spell's length starts at its shortest
+    (cypool._testing.set_crowded)."""
     cypool_set_crowded(on)
 
 

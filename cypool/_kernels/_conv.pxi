@@ -14,24 +14,28 @@
 # vector convolution of a single pixel with E = (OH - 1) * Wq + OW (the
 # Wq - OW columns past each output row are computed and dropped): the
 # register-blocked tiles of _conv_tiles.h do the arithmetic, and no
-# im2col buffer is made. The tiles read each tap's block where it lies,
-# but for a 1x1 convolution, whose taps they copy into a packed block
-# first (_pack_mode). Where the dropped columns are a large enough share
-# and there are 64 output channels or more, the tiles skip them: each
-# block of real positions is gathered from its rows into a packed block
-# (cypool_vc_grid), and work items are chunks of the OH * OW real
-# positions. An unpadded stride-1 convolution of C-contiguous images reads
-# them in place (the buffer would be a copy). With few output channels and
-# short rows the forward puts output channels in the vector lanes instead
-# (_conv_ovec.h): it computes the real positions only, from the image
-# padded but not split into phases, one row of outputs at a time.
+# im2col buffer is made. The caller chooses the algorithm
+# (cypool._select.ConvAlgo); this file carries it out:
+#   VIRTUAL         the tiles read each tap's block where it lies;
+#   VIRTUAL_COPIED  they copy each block of taps into a packed block first;
+#   GRID            each block of real positions is gathered from its rows
+#                   (cypool_vc_grid); work items are chunks of the OH * OW
+#                   real positions;
+#   LANES           output channels in the vector lanes (_conv_ovec.h): the
+#                   real positions only, from the image padded but not
+#                   split into phases, a band of output rows at a time;
+#   WINOGRAD        LANES with rows three taps wide by F(2, 3)
+#                   (_conv_winograd.h); LANES where a weight's transform is
+#                   not finite.
+# An unpadded stride-1 convolution of C-contiguous images reads them in
+# place (the buffer would be a copy).
 #
 # The input gradient of a stride-1 convolution is this forward run on the
 # output gradient padded by the kernel's reach, with the kernel flipped and
 # transposed; a strided one's is computed by columns, added into place
 # (_col2im_images). The weight gradient runs the same tiles on each chunk's
-# im2col rows, or, for 8 output channels or fewer and an image without inf
-# or NaN, takes dot products over e with the tap vectors.
+# im2col rows, or (WeightGradAlgo.DOTS, an image without inf or NaN) takes
+# dot products over e with the tap vectors.
 #
 # Work items are (image, chunk of e). Each thread takes a contiguous run of
 # them (so it fills the buffer of an image once, and the split, and with it
@@ -52,177 +56,44 @@ cdef struct ConvJob:
     bint wino                 # with ovec: by F(2, 3) along the rows (_conv_winograd.h)
     Py_ssize_t K1, P          # with wino: taps (c, i); pairs of outputs a row
     const Py_ssize_t* offw    # with wino: where tap (c, i) of pair 0 is in a transformed band
+    bint copy_taps            # the virtual output's tiles copy each block of taps first
     bint in_place             # the phase buffer would be the image itself: read x in place
     Py_ssize_t in_place_spill # read in place, images before this one have the next image after them
     const Py_ssize_t* off     # tap offsets in the phase buffer
 
 
-# Whether conv2d's forward computes the real positions only (cypool_vc_grid):
-# 1 where that pays (_job), the default; 0 never; 2 wherever it can.
-cdef int _grid_mode = 1
-
-
-def set_grid(int mode):
-    """Diagnostic for the tests and A/B runs: the forward skips the virtual
-    output's dropped columns where that pays (1, the default), never (0) or
-    wherever there are more output channels than a tile holds and columns to
-    skip (2). Not thread-safe; not for use."""
-    global _grid_mode
-    _grid_mode = mode
-
-
-# Whether the forward tiles read each tap from the phase buffer (or the image
-# read in place) rather than from a block copied per thread: 1 where taps
-# overlap (kh * kw > 1), the default; 0 never; 2 always. The copy (_vconv.pxi,
-# cypool_vc_eblock) keeps tap vectors that lie E apart from aliasing in L1,
-# which a vector image's do. A standard convolution's kh * kw taps of a
-# channel read the same few rows shifted, so the block they read in place is
-# kh * kw times smaller than its copy, and the copy cost more than the
-# unaligned loads it saves: LeNet's [64, 6, 14, 14] by 5x5 ran 17-19% faster
-# without it on the AVX-512 host, the 7x7 stem 5-10%, while a 1x1
-# convolution (its taps do not overlap) ran 6% slower (docs/performance.md).
-cdef int _pack_mode = 1
-
-
-def set_pack_mode(int mode):
-    """Diagnostic for the tests and A/B runs: the forward tiles read the
-    taps where they lie when they overlap (1, the default), never (0: they
-    always copy each block of them first) or always (2). Not thread-safe;
-    not for use."""
-    global _pack_mode
-    _pack_mode = mode
-
-
-# Whether the forward puts output channels in the vector lanes (_conv_ovec.h):
-# 1 where that pays (_takes_ovec), the default; 0 never; 2 wherever it can
-# (column stride 1 or 2).
-cdef int _ovec_mode = 1
-
-
-def set_ovec(int mode):
-    """Diagnostic for the tests and A/B runs: the forward puts output
-    channels in the vector lanes where that pays (1, the default), never (0)
-    or wherever the column stride is 1 or 2 (2). Not thread-safe; not for
-    use."""
-    global _ovec_mode
-    _ovec_mode = mode
-
-
-# Bytes of padded rows that the forward with output channels in the lanes
-# fills at a time: a band of them, with the weights, stays in L2 (1 MiB a
-# core on the AVX-512 host) while its rows of outputs run, and the next
-# band's source rows are prefetched meanwhile. Filling whole images
-# instead (861 KiB for the [32, 64, 56, 56] input) ran 5% slower there on
-# one thread (docs/performance.md).
-cdef Py_ssize_t _ov_band = 128 * 1024
-
-
-def set_ov_band(Py_ssize_t nbytes):
-    """Diagnostic for the tests: the bytes of padded rows a band of the
-    forward with output channels in the lanes fills at a time (at least
-    one row of outputs' worth). Not thread-safe; not for use."""
-    global _ov_band
-    _ov_band = nbytes
-
+# The algorithms of the forward kernel (cypool._select.ConvAlgo: the
+# caller chooses, these kernels carry the choice out).
+cdef enum:
+    _VIRTUAL = 1
+    _VIRTUAL_COPIED = 2
+    _GRID = 3
+    _LANES = 4
+    _WINOGRAD = 5
 
 # Whether the tiles of _conv_ovec.h are register tiles (gcc and clang),
-# else plain loops that the rule never takes.
+# else plain loops that the selection never takes; and a vector's bytes.
 OVEC_TILES = bool(CYPOOL_OV_FAST)
+VECTOR_BYTES = CYPOOL_VC_VBYTES
 
 
-def last_forward_path():
-    """Diagnostic for the tests: how the calling thread's last forward or
-    stride-1 input gradient pass through the phase buffers ran ("virtual",
-    "grid", "ovec" or "winograd"); each Python thread has its own."""
-    return ("virtual", "grid", "ovec", "winograd")[cypool_conv_get_path()]
-
-
-cdef inline bint _takes_ovec(Py_ssize_t O, Py_ssize_t OW, Py_ssize_t Wq, Py_ssize_t sw,
-                             Py_ssize_t K, Py_ssize_t L) noexcept nogil:
-    """Whether a forward with O output channels, rows of OW outputs (Wq in
-    its phase planes), column stride sw and K taps puts output channels in
-    the vector lanes (L of them)."""
-    if sw > 2 or _ovec_mode == 0:
-        return False
-    if _ovec_mode == 2:
-        return True
-    # Measured both ways on the AVX-512 host (docs/performance.md, "Output
-    # channels in the lanes"). With 32 registers, where the channels fill
-    # whole vectors, it won wherever the virtual output drops a tenth of
-    # its columns or more (0.56-0.93x the time), on rows of 16 outputs or
-    # fewer (0.83-1.00x), and, since its tiles write the sums through a
-    # scratch row and their weights lie in blocks, on every 3x3 convolution
-    # of 32 input channels or more, 256 taps or more, whatever its rows
-    # (0.92-1.00x); it lost on the 7x7 stem's 147 taps of 3 channels
-    # (1.03-1.10x), where a tile's stores weigh more, and with half-empty
-    # vectors (8 channels of 16: 1.7-2.1x). With 16 registers (the AVX2 and
-    # SSE2 builds) its tiles are narrower; it won where a quarter or more is
-    # dropped and the channels fill pairs of vectors (0.60-0.84x), and at
-    # 256 taps or more (0.65-0.98x with AVX2, the 1x1 convolution's 256 a
-    # tie; 0.85-0.88x with SSE2).
-    if CYPOOL_VC_VBYTES == 64:
-        return CYPOOL_OV_FAST and O % L == 0 and ((Wq - OW) * 10 >= Wq or OW <= 16 or K >= 256)
-    return CYPOOL_OV_FAST and O % (2 * L) == 0 and ((Wq - OW) * 4 >= Wq or K >= 256)
-
-
-# Whether the forward with output channels in the lanes runs rows three
-# taps wide by F(2, 3) (_conv_winograd.h): 1 where that pays (_takes_wino),
-# the default; 0 never; 2 wherever it can.
-cdef int _wino_mode = 1
-
-
-def set_wino(int mode):
-    """Diagnostic for the tests and A/B runs: the forward with output
-    channels in the lanes runs rows three taps wide by F(2, 3) where that
-    pays (1, the default), never (0) or wherever it can (2). Not
-    thread-safe; not for use."""
-    global _wino_mode
-    _wino_mode = mode
-
-
-cdef inline bint _takes_wino(Py_ssize_t K1, Py_ssize_t OW) noexcept nogil:
-    """Whether a forward in the lanes with K1 taps (c, i) of three and
-    rows of OW outputs runs by F(2, 3)."""
-    if _wino_mode != 1:
-        return _wino_mode == 2
-    # Measured both ways on the AVX-512 host (docs/performance.md, "F(2, 3)
-    # along the rows"): with the AVX-512 module, 0.77-0.94x the time of the
-    # lanes' direct sums on 3x3 layers of 32-256 input channels and rows of
-    # 14-112 outputs, but 1.08x on 7-wide rows, whose four pairs make
-    # narrow tiles; with SSE2, 0.72-0.77x. The AVX2 module's narrower tiles
-    # (6 x 2) gained less: 0.85x on 56-wide rows of 192 pairs (c, i),
-    # 0.96-0.98x on 14-28-wide rows, and lost on the 32-wide rows of 96
-    # pairs (1.06x).
-    if CYPOOL_VC_VBYTES == 32:
-        return CYPOOL_OV_FAST and K1 >= 128 and OW >= 28
-    return CYPOOL_OV_FAST and K1 >= 16 and OW >= 13
+def _last_conv_path():
+    """The algorithm (cypool._select.ConvAlgo) of the calling thread's last
+    pass through conv2d_forward; each Python thread has its own."""
+    return cypool_conv_get_path()
 
 
 cdef inline int _job(ConvJob* j, Py_ssize_t K, Py_ssize_t O, Py_ssize_t Op,
                      Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t ce, Py_ssize_t kh, Py_ssize_t kw,
-                     Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t grid_unit) noexcept nogil:
-    """Fill the rest of j (j.p set); 1 when out of memory. grid_unit: for a
-    forward pass, which may compute the real positions only (see below),
-    the values in the grid gather's copy unit (32 bytes); else 0."""
+                     Py_ssize_t dh, Py_ssize_t dw, bint grid) noexcept nogil:
+    """Fill the rest of j (j.p set); 1 when out of memory. grid: the
+    forward computes the real positions only (cypool_vc_grid)."""
     cdef Py_ssize_t* off = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
     j.K = K; j.O = O; j.Op = Op; j.OH = OH; j.OW = OW; j.ce = ce
-    # Skipping the Wq - OW dropped columns of every Wq saves that share of
-    # the multiply-adds, about 3 O cycles a tap and block of positions, for
-    # a gather of about 20 cycles more than the packing copy it replaced
-    # (fitted on the AVX2 host, docs/performance.md): it pays where
-    # (Wq - OW) * O >= 8 * Wq, and only with 64 output channels or more.
-    # Since overlapping taps are read in place (_pack_mode), the gather is
-    # no longer set against a copy, and with 32 output channels it lost
-    # everywhere measured (4-21% on [64, 16, 12, 12] by 5x5), with 64 or
-    # more it won or tied. The rows must be whole copy units, or three
-    # units or more: a row cut short of a unit is copied a value at a
-    # time, which lost on rows of 5 and 10 values.
-    j.grid = grid_unit > 0 and O > CYPOOL_VC_OB and j.p.Wq > OW and (
-        _grid_mode == 2 or (_grid_mode == 1 and O >= 64
-                            and (OW % grid_unit == 0 or OW >= 3 * grid_unit)
-                            and (j.p.Wq - OW) * O >= 8 * j.p.Wq))
+    j.grid = grid
     j.ovec = False
     j.wino = False
+    j.copy_taps = False
     j.offw = NULL
     j.L = OH * OW if j.grid else (OH - 1) * j.p.Wq + OW
     j.G = (j.L + ce - 1) // ce
@@ -385,7 +256,7 @@ cdef int _forward_items(const floating[:, :, :, :] x, const floating* wt, const 
     cdef const floating* img = buf
     cdef int failed = (buf == NULL or tmp == NULL or xs == NULL or outs == NULL or pp == NULL
                        or u == NULL)
-    cdef bint nopack = _pack_mode == 2 or (_pack_mode == 1 and j.K > j.p.C)
+    cdef bint nopack = not j.copy_taps
     if not failed:
         for o in range(j.Op):
             outs[o] = tmp + o * j.ce
@@ -463,14 +334,17 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
                    floating[:, :, :, :] out,         # OUT (N, O, OH, OW), any strides
                    Py_ssize_t uh, Py_ssize_t uw, Py_ssize_t plh, Py_ssize_t plw,
                    Py_ssize_t Hp, Py_ssize_t Wp, Py_ssize_t sh, Py_ssize_t sw,
-                   Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int num_threads):
+                   Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int algo,
+                   Py_ssize_t ov_band, int num_threads):
     """out = the convolution of x, seen as zero-padded to (Hp, Wp) with its
     element (h, w) at (plh + h*uh, plw + w*uw), with stride (sh, sw) and
     dilation (dh, dw). uh = uw = 1 for a forward pass. The input gradient
     runs this on the output gradient with transposed=True: w is then the
     forward's weight, and the convolution uses it flipped, its first two
     axes swapped. ce: chunk of the output positions (of the virtual output,
-    which is longer than the real positions the grid way computes). One
+    which is longer than the real positions the grid way computes). algo:
+    a cypool._select.ConvAlgo but DIRECT, feasible for the call. ov_band:
+    with LANES, the bytes of padded rows filled a band at a time. One
     thread runs without an OpenMP region."""
     cdef ConvJob j
     cdef Py_ssize_t kh = w.shape[2], kw = w.shape[3], K = x.shape[1] * kh * kw, Q, B
@@ -484,11 +358,8 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
     cdef int[1] failed
     cdef int* fail = &failed[0]
     cdef Py_ssize_t N = x.shape[0], OH = out.shape[2], L = CYPOOL_VC_VBYTES // sizeof(floating), g
-    cdef bint ovec = _takes_ovec(O, out.shape[3], (Wp + sw - 1) // sw, sw, K, L)
-    # With output channels in the lanes, rows three taps wide at column
-    # stride and dilation 1 may run by F(2, 3) (_conv_winograd.h).
-    cdef bint wino = (ovec and kw == 3 and dw == 1 and sw == 1 and out.shape[3] >= 2
-                      and _takes_wino(x.shape[1] * kh, out.shape[3]))
+    cdef bint wino = algo == _WINOGRAD
+    cdef bint ovec = wino or algo == _LANES
     # An unpadded stride-1 convolution of C-contiguous images (or any with
     # output channels in the lanes, but by F(2, 3)): the phase buffer would
     # be a copy of each image, so the taps read x in place.
@@ -501,18 +372,18 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         # Output channels in the lanes: the image padded, not split into
         # phases; work items are (image, chunk of output rows), whole
         # images where there are four a thread or more. Unless read in
-        # place, the padded rows are filled a band at a time (_ov_band).
+        # place, the padded rows are filled a band at a time (ov_band).
         Op = (O + L - 1) // L * L
         _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, 1, 1)
         j.ovb = OH
         if not in_place:
             g = (kh - 1) * dh + 1  # padded rows an output row reads
-            j.ovb = _ov_band // (x.shape[1] * j.p.Wq * <Py_ssize_t>sizeof(floating))  # rows
+            j.ovb = ov_band // (x.shape[1] * j.p.Wq * <Py_ssize_t>sizeof(floating))  # rows
             j.ovb = max(1, min(OH, (j.ovb - g) // sh + 1))
             j.p.Aq = (j.ovb - 1) * sh + g
             j.p.plane = j.p.Aq * j.p.Wq
             j.p.size = x.shape[1] * j.p.plane
-        failed[0] = _job(&j, K, O, Op, OH, out.shape[3], OH, kh, kw, dh, dw, 0)
+        failed[0] = _job(&j, K, O, Op, OH, out.shape[3], OH, kh, kw, dh, dw, False)
         j.ovec = True
         j.ovs_h = sh
         j.ovs_w = sw
@@ -534,8 +405,8 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
                 j.wino = True
     else:
         _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], uh, uw, plh, plw, Hp, Wp, sh, sw)
-        failed[0] = _job(&j, K, O, Op, OH, out.shape[3], ce, kh, kw, dh, dw,
-                         32 // sizeof(floating))
+        failed[0] = _job(&j, K, O, Op, OH, out.shape[3], ce, kh, kw, dh, dw, algo == _GRID)
+        j.copy_taps = algo == _VIRTUAL_COPIED
     j.in_place = in_place
     # Rounding a chunk up to whole vectors reads at most a vector past an
     # image's end: inside x when the images are back to back, but the last.
@@ -562,13 +433,10 @@ def conv2d_forward(const floating[:, :, :, :] x,     # IN  (N, C, H, W), any str
         free(wt)
         wt = wb
     Q = x.shape[0] * j.G
-    cypool_conv_set_path(3 if j.wino else 2 if j.ovec else 1 if j.grid else 0)
+    cypool_conv_set_path(_WINOGRAD if j.wino else _LANES if j.ovec else algo)
     # Claims of whole images where there are four or more a thread (about
-    # eight claims a thread): a thread then fills an image's phase buffer
-    # once for all its chunks. Claimed one chunk at a time, the threads
-    # took turns on each image's chunks and both filled every image: 3-6%
-    # slower than a static split on three of bench_conv.py's shapes
-    # (docs/performance.md). Fewer images are claimed a chunk at a time,
+    # eight claims a thread), so that a thread fills an image's phase
+    # buffer once (docs/performance.md); fewer images a chunk at a time,
     # so that every thread gets work.
     B = (j.G * max(1, x.shape[0] // (8 * num_threads)) if x.shape[0] >= 4 * num_threads
          else 1)

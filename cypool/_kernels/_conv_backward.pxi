@@ -3,8 +3,8 @@
 # forward pass, _conv_phases.pxi the phase buffers, tap lists and weight
 # copies they share):
 #   * the weight gradient: the tiles of _conv_tiles.h on each chunk's im2col
-#     rows, or for 8 output channels or fewer and finite images, dot
-#     products over the virtual output index with the tap vectors; summed in
+#     rows, or (as cypool._select chooses; finite images only) dot products
+#     over the virtual output index with the tap vectors; summed in
 #     parts, one a thread outside a crowded spell (_backend.parts_for);
 #   * a strided convolution's input gradient, by columns added into place.
 # (A stride-1 input gradient is _conv.pxi's forward pass, transposed.)
@@ -28,26 +28,19 @@ cdef inline bint _all_finite(const floating* v, Py_ssize_t n) noexcept nogil:
         return bad64 == 0
 
 
-# Up to this many output channels the weight gradient takes dot products
-# over each chunk: with few channels the im2col rows of the matrix-product
-# path cost more to gather than the multiply-adds they feed.
-cdef enum:
-    _DOTS_MAX_O = 8
-
-
 cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:, :, :, :] x,
-                            floating* gw, floating* gb, const ConvJob* j, Py_ssize_t q0,
-                            Py_ssize_t q1) noexcept nogil:
+                            floating* gw, floating* gb, const ConvJob* j, bint few,
+                            Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
     """Work items [q0, q1) of a weight gradient, added into gw (O, K) and
     the bias gradient into gb (O).
 
-    Two ways. Many channels: a chunk's real output positions r (columns
+    Two ways (cypool._select.WeightGradAlgo), few False or True. TILES: a chunk's real output positions r (columns
     ow < OW) give two matrices, gT[r, o] = grad_out at r and colT[r, k] =
     tap k of r (a row of im2col: the chunk's tap vectors in the phase
     buffer, transposed in blocks by _tap_major.h), and
     gw[o, k] += sum over r of gT[r, o] * colT[r, k] is the forward's matrix
     product with the positions as taps and the taps as E: the same register
-    tiles. Few channels: dot products of grad_out's chunk (zeros past each
+    tiles. DOTS: dot products of grad_out's chunk (zeros past each
     row) with every tap vector, over the virtual index, with no gathering;
     only for an image with no inf or NaN, whose values past a row's end
     then add exact zeros."""
@@ -55,7 +48,7 @@ cdef int _weight_grad_items(const floating[:, :, :, ::1] gout, const floating[:,
     cdef Py_ssize_t Wq = j.p.Wq, e_end, r
     cdef Py_ssize_t O4 = (j.O + CYPOOL_VC_OB - 1) // CYPOOL_VC_OB * CYPOOL_VC_OB
     cdef Py_ssize_t K2 = (K + CYPOOL_VC_TB - 1) // CYPOOL_VC_TB * CYPOOL_VC_TB
-    cdef bint few = j.O <= _DOTS_MAX_O, finite = False
+    cdef bint finite = False
     cdef floating acc
     cdef floating* dst
     cdef const floating* row
@@ -180,12 +173,14 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
                        floating[::1] grad_b,               # OUT (O,)
                        Py_ssize_t plh, Py_ssize_t plw, Py_ssize_t Hp, Py_ssize_t Wp,
                        Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                       Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, int parts, int num_threads):
+                       Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t ce, bint dots, int parts,
+                       int num_threads):
     """grad_w[o, k] = sum over images and output positions of
     grad_out[n, o, oh, ow] * (tap k of (oh, ow)); grad_b[o] = the sum of
     grad_out[:, o]. The work is cut into `parts` contiguous parts, each
     summed into partial sums of its own, which are then added in part
     order: the result depends on the number of parts, never on the team.
+    dots: WeightGradAlgo.DOTS, else TILES.
     num_threads (at most parts) threads claim the parts; one thread runs
     them all in turn."""
     cdef ConvJob j
@@ -199,7 +194,7 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
     part = O * K + O  # a part's sums: (O, K) weights, then O biases
     partial = <floating*>calloc(S * part, sizeof(floating))
     _phase_geom(&j.p, x.shape[1], x.shape[2], x.shape[3], 1, 1, plh, plw, Hp, Wp, sh, sw)
-    failed[0] = _job(&j, K, O, Op, gout.shape[2], gout.shape[3], ce, kh, kw, dh, dw, 0)
+    failed[0] = _job(&j, K, O, Op, gout.shape[2], gout.shape[3], ce, kh, kw, dh, dw, False)
     Q = x.shape[0] * j.G
     if not failed[0] and partial != NULL:
         if T == 1:
@@ -207,7 +202,7 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
             with nogil:
                 for s in range(S):
                     if _weight_grad_items(gout, x, partial + s * part, partial + s * part + O * K,
-                                          &j, _part_start(Q, s, S), _part_start(Q, s + 1, S)):
+                                          &j, dots, _part_start(Q, s, S), _part_start(Q, s + 1, S)):
                         failed[0] = 1
                         break
         else:
@@ -217,9 +212,9 @@ def conv2d_weight_grad(const floating[:, :, :, ::1] gout,  # IN  (N, O, OH, OW)
                 end = -1
                 s = _claim(&team, S, 1, &end)
                 while s < S:
-                    while s < end:  # one part, or a static share of them (set_claiming)
+                    while s < end:  # one part, or a static share of them (_testing.set_claiming)
                         if _weight_grad_items(gout, x, partial + s * part,
-                                              partial + s * part + O * K, &j,
+                                              partial + s * part + O * K, &j, dots,
                                               _part_start(Q, s, S), _part_start(Q, s + 1, S)):
                             fail[0] = 1
                         s = s + 1

@@ -23,7 +23,7 @@
  * band of rows at a time (cypool/_kernels/_conv.pxi), and the rows
  * prefetch the next band's source. It pays where the virtual output
  * drops many columns, on short rows, and where there are many taps
- * (docs/performance.md, "Output channels in the lanes").
+ * (docs/performance.md, "Output channels in the lanes", under "Standard convolution").
  *
  * Tiles hold X x OV sums: at most 14 x 1 or 14 x 2 with AVX-512's 32
  * registers, 12 x 1 or 6 x 2 with 16. */

@@ -33,10 +33,8 @@ static CYPOOL_THREAD_LOCAL int cypool_last_team = 1;
 static inline void cypool_set_last_team(int n) { cypool_last_team = n; }
 static inline int cypool_get_last_team(void) { return cypool_last_team; }
 
-/* How the calling thread's last standard forward pass ran, for tests
- * (last_forward_path, _conv.pxi): 0 the virtual output, 1 the grid, 2
- * output channels in the lanes (_conv_ovec.h), 3 those by F(2, 3)
- * (_conv_winograd.h). */
+/* The algorithm the calling thread's last pass through conv2d_forward
+ * ran, for tests: a cypool._select.ConvAlgo value (_conv.pxi). */
 static CYPOOL_THREAD_LOCAL int cypool_conv_last_path = 0;
 static inline void cypool_conv_set_path(int p) { cypool_conv_last_path = p; }
 static inline int cypool_conv_get_path(void) { return cypool_conv_last_path; }
@@ -67,7 +65,7 @@ static inline int64_t cypool_now_ns(void) {
  * calls, a library spinning for 0.1 s costs two or three late starts.
  * Woken from sleep, a team thread starts within about 0.1 ms on a quiet
  * machine; the stalls measured were 4-8 ms, a scheduler time slice
- * (docs/performance.md, "Inside real programs"). */
+ * (docs/performance.md, "Threads inside real programs"). */
 #define CYPOOL_LATE_NS 1000000
 #define CYPOOL_SPELL_MIN_NS 10000000
 #define CYPOOL_SPELL_MAX_NS 160000000

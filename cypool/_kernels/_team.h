@@ -17,7 +17,7 @@
  * With libgomp, the region's end waits for every team thread to arrive,
  * however little work is left for it. After another library's threads have
  * run, a team thread can wait a scheduler time slice (4-8 ms) for a CPU, and
- * the call waits with it (docs/performance.md, "Inside real programs"). Here
+ * the call waits with it (docs/performance.md, "Threads inside real programs"). Here
  * a late team thread's share runs on the calling thread instead, and a
  * team thread preempted in the middle of its share moves onto the calling
  * thread's CPU, idle by then (cypool_team_wait). The kernels claim their

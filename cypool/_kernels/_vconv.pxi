@@ -444,7 +444,7 @@ def vector_conv2d_weight_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O
             end = -1
             s = _claim(&team, S, 1, &end)
             while s < S:
-                while s < end:  # one part, or a static share of them (set_claiming)
+                while s < end:  # one part, or a static share of them (_testing.set_claiming)
                     if _weight_grad_pixels(gout, x, &partial[s, 0, 0], K, &g,
                                            _part_start(P, s, S), _part_start(P, s + 1, S)):
                         fail[0] = 1
