@@ -51,7 +51,9 @@ def openmp_flags(compiler_type):
             ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include"],
             [f"-L{prefix}/lib", "-lomp"],
         )
-    return ["-fopenmp"], ["-fopenmp"]
+    # -ldl: _team.h finds libgomp's functions with dlopen (CYPOOL_TEAM=libgomp),
+    # which glibc before 2.34 keeps in libdl.
+    return ["-fopenmp"], ["-fopenmp"] + (["-ldl"] if sys.platform.startswith("linux") else [])
 
 
 def probe_openmp(compiler):
@@ -128,7 +130,7 @@ class BuildExt(build_ext):
         if self.parallel is None:
             self.parallel = os.cpu_count() or 1
         self.flavour = " ".join(f"{k}={os.environ.get(k)}" for k in (
-            "CYPOOL_DEBUG", "CYPOOL_SANITIZE", "CYPOOL_NO_OPENMP", "CYPOOL_VEC_REPORT"))
+            "CYPOOL_DEBUG", "CYPOOL_SANITIZE", "CYPOOL_NO_OPENMP", "CYPOOL_VEC_REPORT", "CFLAGS"))
         try:
             with open(self.FLAVOUR_FILE) as f:
                 same = f.read() == self.flavour

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from typing import TextIO
 
 import numpy as np
@@ -102,8 +103,23 @@ def _built(name) -> bool:
 
 def load_variant(name: str):
     """The compiled module of variant `name` (only one the CPU runs: see
-    _built)."""
-    return importlib.import_module(f"cypool._kernels_{name}")
+    _built), its parallel blocks on the process's team (_TEAM)."""
+    module = importlib.import_module(f"cypool._kernels_{name}")
+    if _TEAM is not None and module not in _ON_TEAM:
+        module._use_team(*_TEAM)
+        _ON_TEAM.add(module)
+    return module
+
+
+# The thread team every variant module's parallel blocks run on, one per
+# process: (table address, affinity moves on), set below once the chosen
+# module is loaded. CYPOOL_TEAM=libgomp runs them on libgomp's team instead
+# of cypool's (_kernels/_team.h); CYPOOL_TEAM_AFFINITY=0 keeps cypool's team
+# threads where the scheduler puts them.
+TEAM_ENV = "CYPOOL_TEAM"
+AFFINITY_ENV = "CYPOOL_TEAM_AFFINITY"
+_TEAM = None
+_ON_TEAM: set = set()
 
 
 def missing_features(level: str, feats: dict) -> list:
@@ -135,6 +151,25 @@ def _choose(feats=None):
 
 CPU_FEATURES = _cpu_features()
 ISA, kernels, AVAILABLE_ISAS, _FORCED = _choose()
+
+
+def _team() -> tuple:
+    """(table address, affinity on) of the process's team, from the chosen
+    module and the environment."""
+    want = os.environ.get(TEAM_ENV, "cypool") or "cypool"
+    if want not in ("cypool", "libgomp"):
+        raise ImportError(f"{TEAM_ENV}={want!r}: use 'cypool' or 'libgomp'")
+    own, gomp = kernels._team_tables()
+    affinity = os.environ.get(AFFINITY_ENV, "1") != "0"
+    if want == "libgomp" and own and not gomp:
+        raise ImportError(f"{TEAM_ENV}=libgomp, but libgomp's functions were not found")
+    return (gomp if want == "libgomp" else own), affinity
+
+
+_TEAM = _team()
+for _name in AVAILABLE_ISAS:  # the modules imported so far join it too
+    if f"cypool._kernels_{_name}" in sys.modules:
+        load_variant(_name)
 # The variants built that this CPU runs: the only ones that may be imported.
 RUNNABLE_ISAS = [n for n in AVAILABLE_ISAS if not missing_features(n, CPU_FEATURES)]
 # Output channels per register tile of the convolutions (the same in every
@@ -302,7 +337,6 @@ def padded_columns(a: np.ndarray) -> np.ndarray:
 def _config() -> dict:
     """show_config's answer as a dict (mode="dicts")."""
     import platform
-    import sys
     import sysconfig
 
     has_omp, omp_version, nthreads = kernels.openmp_info()
@@ -323,7 +357,10 @@ def _config() -> dict:
         "openmp": {"found": has_omp, "version": omp_version,
                    "default_threads": nthreads if has_omp else 1,
                    "team": ("none" if not has_omp else
-                            "cypool's own" if kernels.team_counts() is not None else "libgomp's")},
+                            "cypool's own" if kernels.team_counts() is not None else "libgomp's"),
+                   "team_chosen_by": (f"{TEAM_ENV}={os.environ[TEAM_ENV]}"
+                                      if os.environ.get(TEAM_ENV) else "default"),
+                   "team_affinity_moves": _TEAM[1]},
         "python": {"version": platform.python_version(),
                    "implementation": platform.python_implementation(),
                    "free_threaded_build": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
@@ -341,8 +378,6 @@ def show_config(mode: str = "stdout", *, file: TextIO | None = None) -> dict | N
     mode="stdout" prints them (to file, default sys.stdout) and returns
     None; mode="dicts" returns them as a dict of dicts, as numpy's
     show_config does, for a script or a bug report to read."""
-    import sys
-
     if not isinstance(mode, str):
         raise TypeError(f"mode must be 'stdout' or 'dicts', not {type(mode).__name__}")
     if mode not in ("stdout", "dicts"):
@@ -362,8 +397,9 @@ def show_config(mode: str = "stdout", *, file: TextIO | None = None) -> dict | N
     for name, missing in k["not_used"].items():
         print(f"{name} built but not used: this CPU lacks {', '.join(missing)}", file=out)
     if omp["found"]:
+        moves = "" if omp["team_affinity_moves"] else ", no affinity moves"
         print(f"OpenMP: yes (_OPENMP {omp['version']}); default threads: {omp['default_threads']}; "
-              f"thread team: {omp['team']}", file=out)
+              f"thread team: {omp['team']} ({omp['team_chosen_by']}{moves})", file=out)
     else:
         print("OpenMP: no (serial build); default threads: 1", file=out)
     threading = ("free-threaded build, GIL " + ("on" if py["gil_enabled"] else "off")

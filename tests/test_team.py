@@ -41,7 +41,7 @@ def test_team_runs_every_thread_number_once(tmp_path, sanitizer):
         pytest.skip("needs the source tree (cypool/_kernels/_team.h)")
     exe = tmp_path / "team"
     cmd = [cc, "-O1", "-g", "-std=c99", "-fopenmp", "-pthread", *SANITIZERS[sanitizer],
-           f"-I{HEADER_DIR}", str(SOURCE), "-o", str(exe)]
+           f"-I{HEADER_DIR}", str(SOURCE), "-o", str(exe), "-ldl"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env())
     if r.returncode != 0:
         if sanitizer != "plain":
@@ -72,3 +72,53 @@ def test_kernel_modules_need_nothing_else_of_libgomp():
         gomp = {s for s in needed if s.startswith("GOMP_")}
         assert not gomp, f"{m.__name__} needs {sorted(gomp)} from libgomp"
         assert not needed & {"omp_get_thread_num", "omp_get_num_threads"}, m.__name__
+
+
+_PROBE = """
+import numpy as np, cypool
+from cypool._backend import TEAM_ENV, every_module, kernels, module_for
+from cypool._testing import set_crowded
+x = np.random.default_rng(0).standard_normal((8, 64, 56, 56)).astype(np.float32)
+w = np.ones((8, 64, 3, 3), np.float32)
+set_crowded(False)
+cypool.max_pool2d(x, 2, num_threads=2)
+pool = module_for("max_pool2d_forward")
+set_crowded(False)
+cypool.conv2d(x, w, padding=1, num_threads=2)
+print([m.team_counts() for m in every_module()], pool.last_team_size(), kernels.last_team_size())
+print(cypool.show_config("dicts")["openmp"])
+"""
+
+
+@pytest.mark.parametrize("team", ["cypool", "libgomp"])
+def test_one_team_per_process_or_libgomps(team):
+    # Every variant module's blocks run on one team: the chosen module's
+    # (the max pool's AVX2 module and the convolution's AVX-512 module count
+    # the same regions), or libgomp's with CYPOOL_TEAM=libgomp, where the
+    # calls still run on two threads. A fresh process: the team is chosen
+    # at import.
+    import sys
+    from cypool._backend import kernels
+    if kernels._team_tables()[0] == 0:
+        pytest.skip("the parallel blocks run on libgomp's team in this build")
+    env = dict(_env(), CYPOOL_TEAM=team)
+    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts, config = r.stdout.splitlines()[-2:]
+    if team == "libgomp":
+        assert counts.startswith("[None") and "None, None" in counts and counts.endswith("2 2"), counts
+        assert "libgomp's" in config and "CYPOOL_TEAM=libgomp" in config, config
+    else:
+        assert "'regions': 2" in counts and counts.endswith("2 2"), counts
+        assert "cypool's own" in config, config
+        seen = eval(counts.rsplit("]", 1)[0] + "]")
+        assert all(c == seen[0] for c in seen), counts  # one team, counted once
+
+
+def test_a_wrong_team_name_is_refused():
+    import sys
+    env = dict(_env(), CYPOOL_TEAM="openmp")
+    r = subprocess.run([sys.executable, "-c", "import cypool"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode != 0 and "CYPOOL_TEAM='openmp'" in r.stderr, r.stderr[-2000:]

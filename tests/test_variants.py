@@ -48,7 +48,10 @@ def test_show_config_dicts_say_what_the_text_says(capsys):
     assert cfg["openmp"] == {"found": has_omp, "version": version,
                              "default_threads": threads if has_omp else 1,
                              "team": ("none" if not has_omp else "cypool's own" if own
-                                      else "libgomp's")}
+                                      else "libgomp's"),
+                             "team_chosen_by": (f"CYPOOL_TEAM={os.environ['CYPOOL_TEAM']}"
+                                                if os.environ.get("CYPOOL_TEAM") else "default"),
+                             "team_affinity_moves": os.environ.get("CYPOOL_TEAM_AFFINITY") != "0"}
     assert cfg["python"]["version"] == platform.python_version()
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     assert cfg["python"]["gil_enabled"] is gil

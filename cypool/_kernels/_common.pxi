@@ -28,7 +28,12 @@ cdef extern from "_omp_shim.h" nogil:
     void cypool_set_last_team(int n)
     int cypool_get_last_team()
     int CYPOOL_OWN_TEAM
-    void cypool_team_counts(uint64_t* c)
+    int cypool_team_counts(uint64_t* c)
+    const void* cypool_team_own()
+    const void* cypool_team_libgomp()
+    void cypool_team_use(const void* api)
+    int cypool_team_is_own()
+    void cypool_team_affinity_set(int on)
 
 # cypool_opaque(p) is p, hidden from the optimiser: a call through it stays
 # a call, to one compiled copy. _maxpool_forward.pxi calls two functions so:
@@ -232,11 +237,26 @@ def team_counts():
     preempted in the middle of their work. None where the parallel blocks
     run on libgomp's team (_team.h)."""
     cdef uint64_t[6] c
-    if not CYPOOL_OWN_TEAM:
+    if not cypool_team_counts(&c[0]):
         return None
-    cypool_team_counts(&c[0])
     return {"regions": c[0], "joined": c[1], "stolen": c[2], "slept": c[3], "moved": c[4],
             "pulled": c[5]}
+
+
+def _team_tables():
+    """(this module's own team's table, libgomp's), as addresses; 0 for one
+    this build lacks (_team.h)."""
+    return <size_t>cypool_team_own(), <size_t>cypool_team_libgomp()
+
+
+def _use_team(size_t table, bint affinity):
+    """Run this module's parallel blocks on the team of table (an address
+    from _team_tables, of any module), its affinity moves on or off. Only
+    before this module's first parallel region (cypool._backend, at
+    import)."""
+    if table:
+        cypool_team_use(<const void*>table)
+    cypool_team_affinity_set(affinity)
 
 
 def openmp_info():

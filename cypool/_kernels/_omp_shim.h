@@ -76,7 +76,7 @@ static inline void cypool_note_late(int64_t now) {
     int64_t until, spell;
     /* cypool's own team runs a late thread's share on the calling thread,
      * and a spell measured no faster there (docs/performance.md). */
-    if (CYPOOL_OWN_TEAM)
+    if (cypool_team_is_own())
         return;
     until = __atomic_load_n(&cypool_crowded_until_ns, __ATOMIC_RELAXED);
     spell = __atomic_load_n(&cypool_spell_ns, __ATOMIC_RELAXED);

@@ -24,11 +24,16 @@
  * work a block at a time (_common.pxi, _claim), so a late thread number
  * finds none left.
  *
- * One region runs at a time per module: a call that finds the team busy
- * (another Python thread's call, or a call from inside a region) runs its
- * thread numbers one after another on its own thread. omp_get_max_threads
- * stays libgomp's, so OMP_NUM_THREADS and threadpoolctl's OpenMP limits
- * still set the kernels' default thread count. */
+ * One team per process: each module's GOMP_parallel and omp_get_* go
+ * through a table of three functions (cypool_team_api_t), its own team's
+ * until cypool._backend hands every module the chosen module's table at
+ * import, or libgomp's own functions (CYPOOL_TEAM=libgomp), before any
+ * kernel runs. One region runs at a time on the team: a call that finds it
+ * busy (another Python thread's call, or a call from inside a region) runs
+ * its thread numbers one after another on its own thread.
+ * omp_get_max_threads stays libgomp's, so OMP_NUM_THREADS and
+ * threadpoolctl's OpenMP limits still set the kernels' default thread
+ * count. */
 #ifndef CYPOOL_TEAM_H
 #define CYPOOL_TEAM_H
 
@@ -44,6 +49,7 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
+#include <dlfcn.h>
 
 #define CYPOOL_HIDDEN __attribute__((visibility("hidden")))
 
@@ -57,7 +63,9 @@
  * machine whose idle CPUs halt (with 50 us, bench_mixed's steady states
  * of the memory-bound kernels read 16-24% slower than with libgomp's
  * team; with 2 ms, the same; docs/performance.md). */
+#ifndef CYPOOL_TEAM_SPIN_NS
 #define CYPOOL_TEAM_SPIN_NS 200000
+#endif
 #define CYPOOL_TEAM_WAIT_SPIN_NS 2000000
 /* While it waits, the calling thread samples the CPU time of each team
  * thread still running a thread number, this often: one that ran for less
@@ -122,8 +130,12 @@ static cypool_team_t cypool_team;
 static __thread unsigned cypool_thread_num = 0;
 static __thread unsigned cypool_num_threads = 1;
 
-CYPOOL_HIDDEN int omp_get_thread_num(void) { return (int)cypool_thread_num; }
-CYPOOL_HIDDEN int omp_get_num_threads(void) { return (int)cypool_num_threads; }
+static int cypool_team_thread_num(void) { return (int)cypool_thread_num; }
+static int cypool_team_num_threads(void) { return (int)cypool_num_threads; }
+
+/* Whether team threads move off the calling thread's CPU, and the calling
+ * thread moves a preempted one onto its own (CYPOOL_TEAM_AFFINITY=0: never). */
+static int cypool_team_affinity = 1;
 
 static int64_t cypool_team_now(void) {
     struct timespec t;
@@ -168,7 +180,7 @@ static __thread int cypool_home_known = 0;
  * keeps it where it went until it sleeps again. */
 static void cypool_team_move_off(int cpu) {
     cpu_set_t away;
-    if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getcpu() != cpu)
+    if (!__atomic_load_n(&cypool_team_affinity, __ATOMIC_RELAXED) || cpu < 0 || cpu >= CPU_SETSIZE || sched_getcpu() != cpu)
         return;
     if (!cypool_home_known) {
         if (sched_getaffinity(0, sizeof cypool_home, &cypool_home) != 0)
@@ -347,7 +359,8 @@ static int cypool_team_sample(int64_t now, int64_t* last, int64_t* cpu, char* mo
             continue;
         }
         c = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-        if (cpu[i] >= 0 && !moved[i] && !any && (c - cpu[i]) * 4 < now - *last) {
+        if (cpu[i] >= 0 && !moved[i] && !any && (c - cpu[i]) * 4 < now - *last
+            && __atomic_load_n(&cypool_team_affinity, __ATOMIC_RELAXED)) {
             int here = sched_getcpu();
             cpu_set_t only;
             CPU_ZERO(&only);
@@ -405,13 +418,13 @@ static void cypool_team_wait(void) {
             sched_setaffinity(T->member[i].tid, sizeof T->member[i].home, &T->member[i].home);
 }
 
-CYPOOL_HIDDEN void GOMP_parallel(void (*fn)(void*), void* data, unsigned n, unsigned flags) {
+static void cypool_team_parallel(void (*fn)(void*), void* data, unsigned n, unsigned flags) {
     cypool_team_t* T = &cypool_team;
     unsigned t;
     int alone;
     (void)flags;
     if (n == 0)
-        n = (unsigned)omp_get_max_threads();
+        n = (unsigned)omp_get_max_threads();  /* libgomp's */
     if (n > CYPOOL_TEAM_MAX)
         n = CYPOOL_TEAM_MAX;
     if (n < 1)
@@ -458,8 +471,8 @@ CYPOOL_HIDDEN void GOMP_parallel(void (*fn)(void*), void* data, unsigned n, unsi
     __atomic_store_n(&T->busy, 0, __ATOMIC_RELEASE);
 }
 
-/* The counts above, into c[6] (zeros where the team is libgomp's). */
-static inline void cypool_team_counts(uint64_t* c) {
+/* The counts above, into c[6]. */
+static void cypool_team_own_counts(uint64_t* c) {
     c[0] = __atomic_load_n(&cypool_team.opened, __ATOMIC_RELAXED);
     c[1] = __atomic_load_n(&cypool_team.joined, __ATOMIC_RELAXED);
     c[2] = __atomic_load_n(&cypool_team.stolen, __ATOMIC_RELAXED);
@@ -468,8 +481,94 @@ static inline void cypool_team_counts(uint64_t* c) {
     c[5] = __atomic_load_n(&cypool_team.pulled, __ATOMIC_RELAXED);
 }
 
+/* The team a module's parallel blocks run on. counts is NULL for libgomp's. */
+typedef struct {
+    void (*parallel)(void (*)(void*), void*, unsigned, unsigned);
+    int (*thread_num)(void);
+    int (*num_threads)(void);
+    void (*counts)(uint64_t*);
+    void (*set_affinity)(int);
+} cypool_team_api_t;
+
+static void cypool_team_set_affinity(int on) {
+    __atomic_store_n(&cypool_team_affinity, on, __ATOMIC_RELAXED);
+}
+
+static const cypool_team_api_t cypool_team_own_api = {
+    cypool_team_parallel, cypool_team_thread_num, cypool_team_num_threads,
+    cypool_team_own_counts, cypool_team_set_affinity};
+static cypool_team_api_t cypool_team_libgomp_api;
+static const cypool_team_api_t* cypool_team_api = &cypool_team_own_api;
+
+CYPOOL_HIDDEN void GOMP_parallel(void (*fn)(void*), void* data, unsigned n, unsigned flags) {
+    __atomic_load_n(&cypool_team_api, __ATOMIC_ACQUIRE)->parallel(fn, data, n, flags);
+}
+CYPOOL_HIDDEN int omp_get_thread_num(void) {
+    return __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED)->thread_num();
+}
+CYPOOL_HIDDEN int omp_get_num_threads(void) {
+    return __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED)->num_threads();
+}
+
+/* This module's own team's table. */
+static inline const void* cypool_team_own(void) { return &cypool_team_own_api; }
+
+/* A table of libgomp's own functions (the runtime this module links),
+ * or NULL where they cannot be found. */
+static inline const void* cypool_team_libgomp(void) {
+    /* The library omp_get_max_threads comes from: a wheel's vendored copy
+     * has another file name. */
+    Dl_info info;
+    void* h = NULL;
+    cypool_team_api_t* a = &cypool_team_libgomp_api;
+    if (dladdr((void*)&omp_get_max_threads, &info) && info.dli_fname)
+        h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL)
+        h = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL)
+        return NULL;
+    *(void**)&a->parallel = dlsym(h, "GOMP_parallel");
+    *(void**)&a->thread_num = dlsym(h, "omp_get_thread_num");
+    *(void**)&a->num_threads = dlsym(h, "omp_get_num_threads");
+    a->counts = NULL;
+    a->set_affinity = NULL;
+    return a->parallel && a->thread_num && a->num_threads ? a : NULL;
+}
+
+/* Run this module's parallel blocks on api's team (a table from
+ * cypool_team_own or cypool_team_libgomp); only before any region. */
+static inline void cypool_team_use(const void* api) {
+    __atomic_store_n(&cypool_team_api, (const cypool_team_api_t*)api, __ATOMIC_RELEASE);
+}
+
+/* Whether the blocks run on a cypool team (this module's or another's). */
+static inline int cypool_team_is_own(void) {
+    return __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED)->counts != NULL;
+}
+
+/* The counts of the team the blocks run on, into c[6]; 0 for libgomp's. */
+static inline int cypool_team_counts(uint64_t* c) {
+    const cypool_team_api_t* a = __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED);
+    if (a->counts == NULL)
+        return 0;
+    a->counts(c);
+    return 1;
+}
+
+/* The affinity moves on (1) or off (0), on the team the blocks run on. */
+static inline void cypool_team_affinity_set(int on) {
+    const cypool_team_api_t* a = __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED);
+    if (a->set_affinity != NULL)
+        a->set_affinity(on);
+}
+
 #else
 #define CYPOOL_OWN_TEAM 0
-static inline void cypool_team_counts(uint64_t* c) { c[0] = c[1] = c[2] = c[3] = c[4] = c[5] = 0; }
+static inline const void* cypool_team_own(void) { return NULL; }
+static inline const void* cypool_team_libgomp(void) { return NULL; }
+static inline void cypool_team_use(const void* api) { (void)api; }
+static inline int cypool_team_is_own(void) { return 0; }
+static inline int cypool_team_counts(uint64_t* c) { (void)c; return 0; }
+static inline void cypool_team_affinity_set(int on) { (void)on; }
 #endif
 #endif
