@@ -91,7 +91,7 @@ print(cypool.show_config("dicts")["openmp"])
 
 
 @pytest.mark.parametrize("team", ["cypool", "libgomp"])
-def test_one_team_per_process_or_libgomps(team):
+def test_one_team_per_process_or_libgomps(team, tmp_path):
     # Every variant module's blocks run on one team: the chosen module's
     # (the max pool's AVX2 module and the convolution's AVX-512 module count
     # the same regions), or libgomp's with CYPOOL_TEAM=libgomp, where the
@@ -102,8 +102,9 @@ def test_one_team_per_process_or_libgomps(team):
     if kernels._team_tables()[0] == 0:
         pytest.skip("the parallel blocks run on libgomp's team in this build")
     env = dict(_env(), CYPOOL_TEAM=team)
+    # (from outside the checkout, so that the installed cypool answers)
     r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env,
-                       timeout=300)
+                       timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     counts, config = r.stdout.splitlines()[-2:]
     if team == "libgomp":
@@ -116,9 +117,9 @@ def test_one_team_per_process_or_libgomps(team):
         assert all(c == seen[0] for c in seen), counts  # one team, counted once
 
 
-def test_a_wrong_team_name_is_refused():
+def test_a_wrong_team_name_is_refused(tmp_path):
     import sys
     env = dict(_env(), CYPOOL_TEAM="openmp")
     r = subprocess.run([sys.executable, "-c", "import cypool"], capture_output=True, text=True,
-                       env=env, timeout=300)
+                       env=env, timeout=300, cwd=tmp_path)
     assert r.returncode != 0 and "CYPOOL_TEAM='openmp'" in r.stderr, r.stderr[-2000:]
