@@ -67,14 +67,6 @@
 #define CYPOOL_TEAM_SPIN_NS 200000
 #endif
 #define CYPOOL_TEAM_WAIT_SPIN_NS 2000000
-/* A program that calls kernels at a steady short gap (numpy work between
- * them, say) keeps its team awake across it: a team thread spins twice
- * the last gap between regions, up to this long, where that is longer
- * than CYPOOL_TEAM_SPIN_NS (woken from a futex instead, it starts 35-90 us
- * late on a virtual machine, most of a short call; docs/performance.md). */
-#ifndef CYPOOL_TEAM_SPIN_MAX_NS
-#define CYPOOL_TEAM_SPIN_MAX_NS 2000000
-#endif
 /* While it waits, the calling thread samples the CPU time of each team
  * thread still running a thread number, this often: one that ran for less
  * than a quarter of a sample has lost its CPU (cypool_team_wait). */
@@ -124,8 +116,6 @@ typedef struct {
     int threads;          /* team threads started */
     int slots;            /* team threads that took their slot */
     int forked;           /* pthread_atfork handler installed */
-    int64_t last_end;     /* when the last region ended (CLOCK_MONOTONIC ns) */
-    int64_t spin_ns;      /* how long team threads spin after a region */
     /* Counts for diagnostics (cypool_team_counts): regions opened on the
      * team, thread numbers team threads ran, thread numbers the calling
      * thread ran in a team thread's place, its sleeps at a region's end
@@ -284,8 +274,7 @@ static void* cypool_team_thread(void* arg) {
          * it sleeps at once rather than spin beside the calling thread. */
         int rest = me && __atomic_exchange_n(&me->pulled, 0, __ATOMIC_SEQ_CST);
         while (__atomic_load_n(&T->wake, __ATOMIC_ACQUIRE) == seen) {
-            if (rest || cypool_spin_over(&until, &spins,
-                                         __atomic_load_n(&T->spin_ns, __ATOMIC_RELAXED))) {
+            if (rest || cypool_spin_over(&until, &spins, CYPOOL_TEAM_SPIN_NS)) {
                 rest = 0;
                 __atomic_add_fetch(&T->sleepers, 1, __ATOMIC_SEQ_CST);
                 if (__atomic_load_n(&T->wake, __ATOMIC_SEQ_CST) == seen)
@@ -454,13 +443,6 @@ static void cypool_team_parallel(void (*fn)(void*), void* data, unsigned n, unsi
     }
     T->fn = fn;
     T->data = data;
-    {
-        /* The spin after this region: twice the gap since the last one. */
-        int64_t gap = 2 * (cypool_team_now() - T->last_end);
-        __atomic_store_n(&T->spin_ns, gap < CYPOOL_TEAM_SPIN_NS ? CYPOOL_TEAM_SPIN_NS
-                                      : gap < CYPOOL_TEAM_SPIN_MAX_NS ? gap
-                                      : CYPOOL_TEAM_SPIN_NS, __ATOMIC_RELAXED);
-    }
     __atomic_store_n(&T->caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);
     {
         /* Open the region: thread number 0 is the calling thread's. */
@@ -486,7 +468,6 @@ static void cypool_team_parallel(void (*fn)(void*), void* data, unsigned n, unsi
     }
     cypool_team_wait();
     __atomic_add_fetch(&T->opened, 1, __ATOMIC_RELAXED);
-    T->last_end = cypool_team_now();
     __atomic_store_n(&T->busy, 0, __ATOMIC_RELEASE);
 }
 
