@@ -45,6 +45,40 @@ def set_threads(n: int) -> None:
             numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
         except Exception:
             pass
+        else:
+            _undo_numba_nesting()
+
+
+def _loaded_libgomps():
+    """Paths of the libgomp copies this process has loaded (Linux)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sorted({line.split()[-1] for line in f if "libgomp" in line.rsplit("/", 1)[-1]})
+    except OSError:
+        return []
+
+
+def _undo_numba_nesting() -> None:
+    """Turn OpenMP nesting back off after Numba's omp layer turned it on.
+
+    Numba's launch sets max-active-levels to 255 in the libgomp it binds. A
+    development build of cypool loads the system libgomp before torch, so
+    torch then binds the same copy, and its nested regions (a float64
+    convolution's gemm inside its batch loop) oversubscribe the cores:
+    35-100x slower. Installed wheels carry their own libgomp and never see it.
+    """
+    import ctypes
+
+    try:
+        if numba.threading_layer() != "omp":
+            return
+    except Exception:
+        return
+    for path in _loaded_libgomps():
+        try:
+            ctypes.CDLL(path).omp_set_max_active_levels(1)
+        except (OSError, AttributeError):
+            pass
 
 
 def peers_report() -> str:
