@@ -431,3 +431,77 @@ def test_patches_give_the_whole_back_substitution(rng):
         np.testing.assert_allclose(got_lo, want[:rows.size], rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(got_neg_hi, want[rows.size:], rtol=1e-12, atol=1e-12)
     assert not _patches.patchable(ops[:2]) and not _patches.patchable(ops[:5])
+
+
+def test_dense_rows_give_the_one_hot_back_substitution(rng):
+    """A dense layer's neurons bounded from its rows equal e_r pushed back
+    through the whole chain."""
+    from cypool.verify import _crown
+    from cypool.verify._net import Dense
+
+    d1 = Dense(rng.standard_normal((9, 5)), rng.standard_normal(9))
+    d2 = Dense(rng.standard_normal((7, 9)), rng.standard_normal(7))
+    ops = [d1, ReLU((9,)), d2]
+    net = verify.Net(ops + [ReLU((7,)), Dense(rng.standard_normal((2, 7)), np.zeros(2))], (5,), np.float64)
+    lo = rng.standard_normal(5) - 0.5
+    hi = lo + rng.uniform(0, 1.5, 5)
+    _, relax, _ = _crown.bounds(net, lo, hi, charge=False)
+    rows = np.array([6, 0, 3])
+    got_lo, got_neg_hi = _crown._rows(ops, relax, rows, lo, hi)
+    E = np.zeros((6, 7))
+    E[np.arange(3), rows], E[3 + np.arange(3), rows] = 1, -1
+    want = _crown._backsub(ops, relax, E, lo, hi)
+    np.testing.assert_allclose(got_lo, want[:3], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_neg_hi, want[3:], rtol=1e-12, atol=1e-12)
+
+
+def test_attack_violations_match_a_loop_over_disjuncts(rng):
+    """The stacked disjuncts give, per point, the least over disjuncts of
+    the largest A y - b, and its first row, as a plain loop does (ties
+    included)."""
+    from cypool.verify._check import _Rows
+
+    for trial in range(20):
+        n_out = int(rng.integers(2, 6))
+        disjuncts = []
+        for _ in range(int(rng.integers(1, 5))):
+            m = int(rng.integers(1, 4))
+            disjuncts.append((rng.integers(-2, 3, (m, n_out)).astype(float),
+                              rng.integers(-1, 2, m).astype(float)))
+        Y = rng.integers(-2, 3, (7, n_out)).astype(float)  # small integers: many ties
+        v, rows = _Rows(disjuncts).violations(Y)
+        for p, y in enumerate(Y):
+            best, row = np.inf, None
+            for A, b in disjuncts:
+                vals = A @ y - b
+                j = int(np.argmax(vals))
+                if vals[j] < best:
+                    best, row = vals[j], A[j]
+            assert v[p] == best
+            np.testing.assert_array_equal(rows[p], row)
+
+
+def test_trace_and_backward_give_the_gradient(tmp_path, rng):
+    """Net.gradient (trace, then backward) against central differences, on
+    a net with normalisation, a convolution, batch norm and pooling."""
+    net = verify.load_onnx(conv_model(tmp_path / "c.onnx", rng))
+    x = rng.standard_normal((3, net.n_inputs))
+    g = rng.standard_normal((3, net.n_outputs))
+    grad = net.gradient(x, g)
+    assert grad.shape == x.shape
+    Y, masks = net.trace(x)
+    np.testing.assert_array_equal(Y, net.forward(x))
+    h = 1e-6
+    for i in rng.choice(net.n_inputs, 6, replace=False):
+        e = np.zeros(net.n_inputs)
+        e[i] = h
+        fd = ((net.forward(x + e) - net.forward(x - e)) * g).sum(axis=1) / (2 * h)
+        np.testing.assert_allclose(grad[:, i], fd, rtol=1e-5, atol=1e-6)
+
+
+def test_astype_is_made_once(tmp_path, rng):
+    net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 6, 3)), dtype=np.float32)
+    assert net.astype(np.float32) is net
+    f64 = net.astype(np.float64)
+    assert f64 is net.astype("float64") and f64.dtype == np.float64
+    np.testing.assert_array_equal(f64.ops[0].W, net.ops[0].W.astype(np.float64))

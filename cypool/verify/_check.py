@@ -33,19 +33,25 @@ class Result:
     timed_out: bool = False
 
 
-def _violations(specs_rows, Y):
-    """Per point, the least over disjuncts of the largest ``A y - b``
-    (<= 0: a counterexample) and the row that attains it."""
-    best = np.full(Y.shape[0], np.inf)
-    rows = np.zeros((Y.shape[0], Y.shape[1]))
-    for A, b in specs_rows:
-        v = Y @ A.T - b  # (N, m)
-        j = np.argmax(v, axis=1)
-        worst = v[np.arange(len(v)), j]
-        better = worst < best
-        best[better] = worst[better]
-        rows[better] = A[j[better]]
-    return best, rows
+class _Rows:
+    """A spec's disjuncts stacked: every row ``A_j``, ``b_j`` and its
+    disjunct, for :meth:`violations` on a batch in one product."""
+
+    def __init__(self, disjuncts):
+        self.A = np.concatenate([A for A, _ in disjuncts])
+        self.b = np.concatenate([b for _, b in disjuncts])
+        sizes = [len(A) for A, _ in disjuncts]
+        self.starts = np.cumsum([0] + sizes[:-1])
+        self.group = np.repeat(np.arange(len(sizes)), sizes)
+
+    def violations(self, Y):
+        """Per point, the least over disjuncts of the largest ``A y - b``
+        (<= 0: a counterexample) and the row that attains it."""
+        V = Y @ self.A.T - self.b  # (N, rows)
+        worst = np.maximum.reduceat(V, self.starts, axis=1)  # (N, disjuncts)
+        d = np.argmin(worst, axis=1)
+        j = np.argmax(np.where(self.group == d[:, None], V, -np.inf), axis=1)
+        return worst[np.arange(len(V)), d], self.A[j]
 
 
 def attack(net: Net, spec: Spec, *, steps=10, points=8, seed=0, deadline=None, patience=3):
@@ -61,12 +67,13 @@ def attack(net: Net, spec: Spec, *, steps=10, points=8, seed=0, deadline=None, p
     corners = max(0, min(points - 1, points // 2))
     X[1:1 + corners] = np.where(rng.random((corners, lo.size)) < 0.5, lo, hi)
     X[1 + corners:] = rng.uniform(lo, hi, (points - 1 - corners, lo.size))
-    f64 = net if net.dtype == np.float64 else net.astype(np.float64)
+    f64 = net.astype(np.float64)
     width = hi - lo
+    spec_rows = _Rows(spec.disjuncts)
     best, stale = np.inf, 0
     for k in range(steps + 1):
-        Y = f64.forward(X)
-        v, rows = _violations(spec.disjuncts, Y)
+        Y, masks = f64.trace(X)
+        v, rows = spec_rows.violations(Y)
         for i in np.flatnonzero(v <= 0):
             y = f64.forward(X[i])[0]  # the point alone: the output a user's forward gives
             if spec.is_counterexample(y):
@@ -75,7 +82,7 @@ def attack(net: Net, spec: Spec, *, steps=10, points=8, seed=0, deadline=None, p
         best = min(best, v.min())
         if k == steps or stale >= patience or (deadline is not None and time.perf_counter() > deadline):
             return None
-        g = f64.gradient(X, rows)
+        g = f64.backward(masks, rows).reshape(X.shape)
         step = width * (0.25 * (0.02 / 0.25) ** (k / max(steps - 1, 1)))
         X = np.clip(X - step * np.sign(g), lo, hi)
     return None
@@ -120,7 +127,7 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
     # bounds in float64 whatever the net's dtype: float32 weights and boxes
     # are exact there, and float32's rounding charge costs every proof
     # (docs/verification.md)
-    net = net if net.dtype == np.float64 else net.astype(np.float64)
+    net = net.astype(np.float64)
     deadline = None if timeout is None else t0 + timeout
     lowers = []
     undecided = []

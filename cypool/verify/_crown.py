@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._net import Reshape, ReLU
+from ._net import Dense, Reshape, ReLU
 from ._patches import backsub_rows, patchable
 
 __all__ = ["bounds", "output_lower"]
@@ -54,24 +54,20 @@ def relaxation(l, u):
     return a, s, t
 
 
-def _backsub(ops, relax, A, lo, hi):
-    """Lower bounds of the rows of A (K, *shape of ops[-1]'s output) over
-    the box [lo, hi] (flat), as computed (no rounding charge)."""
+def _backsub(ops, relax, A, lo, hi, const=None):
+    """Lower bounds of the rows of A (K, *shape of ops[-1]'s output), plus
+    const, over the box [lo, hi] (flat), as computed (no rounding charge)."""
     K = A.shape[0]
-    const = np.zeros(K, A.dtype)
+    const = np.zeros(K, A.dtype) if const is None else const
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         if isinstance(op, ReLU):
-            # stable neurons pass A times a (= s, t = 0); only the unstable
-            # ones (U, t > 0) take the slope by the sign of their coefficient
+            # a negative coefficient takes the upper line (s, t), a positive
+            # one the lower (a); stable neurons have a = s and t = 0
             a, s, t = relax[i]
-            U = np.flatnonzero(t.reshape(-1))  # t > 0 exactly where unstable
             flat = A.reshape(K, -1)
-            AU = flat[:, U]
-            const += np.minimum(AU, 0) @ t.reshape(-1)[U]
-            flat = flat * a.reshape(-1)
-            flat[:, U] = AU * np.where(AU < 0, s.reshape(-1)[U], a.reshape(-1)[U])
-            A = flat.reshape(A.shape)
+            const += np.minimum(flat, 0) @ t.reshape(-1)
+            A = (flat * np.where(flat < 0, s.reshape(-1), a.reshape(-1))).reshape(A.shape)
         else:
             if op.bias is not None:
                 const += A.reshape(K, -1) @ op.bias.reshape(-1)
@@ -123,11 +119,17 @@ def _rows(ops, relax, rows, lo, hi):
     ops[-1]'s output: in patches where ops allow it, else whole."""
     if patchable(ops):
         return backsub_rows(ops, relax, rows, lo, hi)
-    n = int(np.prod(ops[-1].out_shape))
-    A = np.zeros((2 * rows.size, n), lo.dtype)
-    A[np.arange(rows.size), rows] = 1
-    A[rows.size + np.arange(rows.size), rows] = -1
-    lb = _backsub(ops, relax, A.reshape((-1,) + ops[-1].out_shape), lo, hi)
+    last = ops[-1]
+    if isinstance(last, Dense):  # e_r through it: its row r
+        W, b = last.W[rows], last.bias[rows]
+        A = np.concatenate([W, -W]).reshape((-1,) + last.in_shape)
+        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]))
+    else:
+        n = int(np.prod(last.out_shape))
+        A = np.zeros((2 * rows.size, n), lo.dtype)
+        A[np.arange(rows.size), rows] = 1
+        A[rows.size + np.arange(rows.size), rows] = -1
+        lb = _backsub(ops, relax, A.reshape((-1,) + last.out_shape), lo, hi)
     return lb[:rows.size], lb[rows.size:]
 
 

@@ -166,6 +166,7 @@ class Net:
         self.dtype = np.dtype(dtype)
         self.n_inputs = int(np.prod(self.input_shape))
         self.n_outputs = int(np.prod(self.ops[-1].out_shape)) if self.ops else self.n_inputs
+        self._casts = {}
 
     def _batch(self, x):
         x = np.asarray(x, self.dtype)
@@ -180,16 +181,32 @@ class Net:
 
     def gradient(self, x, g) -> np.ndarray:
         """d sum(g * forward(x)) / dx, shaped as x."""
+        _, masks = self.trace(x)
+        return self.backward(masks, g).reshape(np.shape(x))
+
+    def trace(self, x):
+        """``(forward(x), masks)``: the outputs and each ReLU's ``input > 0``,
+        for :meth:`backward`."""
         X = self._batch(x)
         masks = []
         for op in self.ops:
             if isinstance(op, ReLU):
                 masks.append(X > 0)
             X = op.apply(X)
-        G = np.asarray(g, self.dtype).reshape(X.shape)
+        return X.reshape(X.shape[0], -1), masks
+
+    def backward(self, masks, g) -> np.ndarray:
+        """d sum(g * forward(x)) / dx ``(N, *input_shape)``, from the masks
+        of x's :meth:`trace` and g ``(N, n_outputs)``."""
+        G = np.asarray(g, self.dtype).reshape((-1,) + self.ops[-1].out_shape)
+        k = len(masks)
         for op in reversed(self.ops):
-            G = G * masks.pop() if isinstance(op, ReLU) else op.T(G)
-        return G.reshape(np.shape(x))
+            if isinstance(op, ReLU):
+                k -= 1
+                G = G * masks[k]
+            else:
+                G = op.T(G)
+        return G
 
     def with_threads(self, num_threads) -> "Net":
         """The same network, its convolutions on num_threads threads."""
@@ -200,7 +217,15 @@ class Net:
         return Net(ops, self.input_shape, self.dtype)
 
     def astype(self, dtype) -> "Net":
-        """The same network with its weights in dtype."""
+        """The same network with its weights in dtype (made once, kept)."""
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype:
+            return self
+        if dtype not in self._casts:
+            self._casts[dtype] = self._cast(dtype)
+        return self._casts[dtype]
+
+    def _cast(self, dtype) -> "Net":
         ops = []
         for op in self.ops:
             op = copy.copy(op)

@@ -39,7 +39,16 @@ def _gather(arr, oy, ox, h, w):
     if pt or pb or pl or pr:
         arr = np.pad(arr, ((0, 0), (pt, pb), (pl, pr)))
     view = sliding_window_view(arr, (h, w), axis=(1, 2))  # (C, H', W', h, w)
-    return view[:, oy + pt, ox + pl].transpose(1, 0, 2, 3)
+    # windows first: the gather then writes (K, C, h, w) in order, 4-8x
+    # faster than gathering (C, K, h, w) and transposing
+    return view.transpose(1, 2, 0, 3, 4)[oy + pt, ox + pl]
+
+
+def _rowdot(X, Y):
+    """The dot product of each row k of X and Y (K, ...): one pass, no
+    temporary."""
+    K = X.shape[0]
+    return np.einsum("ij,ij->i", X.reshape(K, -1), Y.reshape(K, -1))
 
 
 def _dilated(conv):
@@ -80,16 +89,15 @@ def backsub_rows(ops, relax, rows, lo, hi):
         K, C, h, w = A.shape
         if isinstance(op, ReLU):
             a, s, t = (_gather(v, oy, ox, h, w) for v in relax[j])
-            neg = A < 0
-            const += (np.where(neg, A, 0) * t).reshape(K, -1).sum(axis=1)
-            A = A * np.where(neg, s, a)
+            const += _rowdot(np.minimum(A, 0), t)
+            A = A * np.where(A < 0, s, a)
         elif isinstance(op, Elementwise):
-            const += (A * _gather(op.bias, oy, ox, h, w)).reshape(K, -1).sum(axis=1)
+            const += _rowdot(A, _gather(op.bias, oy, ox, h, w))
             A = A * _gather(op.scale, oy, ox, h, w)
         else:  # a convolution: its output window to its input window
             inside = _gather(np.ones(op.out_shape, A.dtype), oy, ox, h, w)
             A = A * inside
-            const += (A * _gather(op.bias, oy, ox, h, w)).reshape(K, -1).sum(axis=1)
+            const += _rowdot(A, _gather(op.bias, oy, ox, h, w))
             wd = _dilated(op)
             sh, sw = op.stride
             Hn, Wn = (h - 1) * sh + wd.shape[2], (w - 1) * sw + wd.shape[3]
@@ -101,6 +109,6 @@ def backsub_rows(ops, relax, rows, lo, hi):
     shape = ops[0].in_shape
     lo_g = _gather(lo.reshape(shape), oy, ox, h, w)
     hi_g = _gather(hi.reshape(shape), oy, ox, h, w)
-    lower = const + (np.maximum(A, 0) * lo_g + np.minimum(A, 0) * hi_g).reshape(K, -1).sum(axis=1)
+    lower = const + _rowdot(np.maximum(A, 0), lo_g) + _rowdot(np.minimum(A, 0), hi_g)
     n = len(rows)
     return lower[:n], lower[n:]
