@@ -65,7 +65,7 @@ def _undo_numba_nesting() -> None:
     development build of cypool loads the system libgomp before torch, so
     torch then binds the same copy, and its nested regions (a float64
     convolution's gemm inside its batch loop) oversubscribe the cores:
-    35-100x slower. Installed wheels carry their own libgomp and never see it.
+    27-46x slower. Installed wheels carry their own libgomp and never see it.
     """
     import ctypes
 

@@ -157,7 +157,8 @@ class Net:
 
     ``forward(x)`` runs a batch ``(N, *input_shape)`` (or flat ``(N,
     n_inputs)``) in the net's dtype; ``gradient(x, g)`` is the gradient of
-    ``sum(g * forward(x))`` with respect to x.
+    ``sum(g * forward(x))`` with respect to x, also in two halves
+    (``trace``, then ``backward``) for a caller that wants the outputs too.
     """
 
     def __init__(self, ops, input_shape, dtype):
