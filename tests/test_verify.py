@@ -505,3 +505,28 @@ def test_astype_is_made_once(tmp_path, rng):
     f64 = net.astype(np.float64)
     assert f64 is net.astype("float64") and f64.dtype == np.float64
     np.testing.assert_array_equal(f64.ops[0].W, net.ops[0].W.astype(np.float64))
+
+
+def test_attack_stops_when_steps_gain_too_little(tmp_path, rng, monkeypatch):
+    """patience steps in a row that lower the least violation by no more
+    than min_gain of its size end the attack; a step that gains more
+    resets the count."""
+    from cypool.verify import _check
+
+    net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 6, 3)))
+    spec = robustness_spec(np.zeros(4), np.ones(4), 0, 3)
+    script = iter([1.0, 0.99, 0.5, 0.499, 0.498, 0.497, 0.496, 0.495])
+    seen = []
+
+    def scripted(self, Y):
+        v = next(script)
+        seen.append(v)
+        return np.full(len(Y), v), np.tile(self.A[0], (len(Y), 1))
+
+    monkeypatch.setattr(_check._Rows, "violations", scripted)
+    assert _check.attack(net, spec, steps=7, points=2, patience=2, min_gain=0.02) is None
+    assert seen == [1.0, 0.99, 0.5, 0.499, 0.498]  # 0.99: stale 1; 0.5 resets; then 2 stale
+    seen.clear()
+    script = iter([1.0, 0.99, 0.5, 0.499, 0.498, 0.497, 0.496, 0.495])
+    assert _check.attack(net, spec, steps=7, points=2, patience=2) is None
+    assert seen == [1.0, 0.99, 0.5, 0.499, 0.498, 0.497, 0.496, 0.495]  # each one lower: no stop
