@@ -54,13 +54,53 @@ class _Rows:
         return worst[np.arange(len(V)), d], self.A[j]
 
 
+def _checked_specs(net, spec):
+    """spec as a list of Specs, each checked against net."""
+    if not isinstance(net, Net):
+        raise TypeError(f"net must be a network from load_onnx, got {type(net).__name__}")
+    specs = spec if isinstance(spec, (list, tuple)) else [spec]
+    if not specs or not all(isinstance(s, Spec) for s in specs):
+        raise TypeError("spec must be a Spec from read_vnnlib, or a non-empty list of them")
+    for s in specs:
+        if s.n_inputs != net.n_inputs:
+            raise ValueError(f"spec has {s.n_inputs} inputs but the net takes {net.n_inputs}")
+        if s.n_outputs != net.n_outputs:
+            raise ValueError(f"spec constrains {s.n_outputs} outputs but the net has {net.n_outputs}")
+        if not (np.isfinite(s.lower).all() and np.isfinite(s.upper).all()):
+            raise ValueError("spec's input bounds must be finite")
+        if any(not (np.isfinite(A).all() and np.isfinite(b).all()) for A, b in s.disjuncts):
+            raise ValueError("spec's output constraints must be finite")
+    return list(specs)
+
+
+def _count(name, v, least):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
+
+
 def attack(net: Net, spec: Spec, *, steps=10, points=8, seed=0, deadline=None, patience=3,
            min_gain=0.0):
     """A counterexample ``(x, y)`` found by projected gradient descent on the
     violation (from the box's centre, corners and random points), confirmed
     by the float64 forward pass of that point alone; or None. It stops
     early once ``patience`` steps in a row have not lowered the least
-    violation by more than ``min_gain`` of its size."""
+    violation by more than ``min_gain`` (in [0, 1)) of its size, or at
+    ``deadline`` (a ``time.perf_counter()`` value)."""
+    if isinstance(spec, (list, tuple)):
+        raise TypeError("spec must be one Spec (attack each box of a list on its own)")
+    _checked_specs(net, spec)
+    _count("steps", steps, 0)
+    _count("points", points, 1)
+    _count("patience", patience, 1)
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float, np.floating)) \
+            or not 0 <= min_gain < 1:
+        raise ValueError(f"min_gain must be a number in [0, 1), got {min_gain!r}")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
+        raise ValueError(f"deadline must be a time.perf_counter() value or None, got {deadline!r}")
+    return _attack(net, spec, steps, points, seed, deadline, patience, min_gain)
+
+
+def _attack(net, spec, steps, points, seed, deadline, patience, min_gain):
     lo, hi = spec.lower, spec.upper
     rng = np.random.default_rng(seed)
     X = np.empty((points, lo.size))
@@ -106,20 +146,8 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
         Steps of the attack (from 4 points) on what the bounds leave open.
     """
     t0 = time.perf_counter()
-    if not isinstance(net, Net):
-        raise TypeError(f"net must be a network from load_onnx, got {type(net).__name__}")
-    specs = spec if isinstance(spec, (list, tuple)) else [spec]
-    if not specs or not all(isinstance(s, Spec) for s in specs):
-        raise TypeError("spec must be a Spec from read_vnnlib, or a non-empty list of them")
-    for s in specs:
-        if s.n_inputs != net.n_inputs:
-            raise ValueError(f"spec has {s.n_inputs} inputs but the net takes {net.n_inputs}")
-        if s.n_outputs != net.n_outputs:
-            raise ValueError(f"spec constrains {s.n_outputs} outputs but the net has {net.n_outputs}")
-        if not (np.isfinite(s.lower).all() and np.isfinite(s.upper).all()):
-            raise ValueError("spec's input bounds must be finite")
-        if any(not (np.isfinite(A).all() and np.isfinite(b).all()) for A, b in s.disjuncts):
-            raise ValueError("spec's output constraints must be finite")
+    specs = _checked_specs(net, spec)
+    _count("attack_steps", attack_steps, 0)
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     chk.num_threads_arg(num_threads)
@@ -135,7 +163,7 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
     for s in specs:
         # the centre and a corner: most counterexamples are found here, in a
         # few steps that each lower the violation by far more than 2%
-        cex = attack(net, s, steps=5, points=2, patience=2, min_gain=0.02)
+        cex = _attack(net, s, 5, 2, 0, None, 2, 0.02)
         if cex is not None:
             return Result("violated", cex, time=time.perf_counter() - t0)
         _, relax, charge = bounds(net, s.lower, s.upper)
@@ -153,7 +181,7 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
     if not undecided:
         return Result("holds", lower=lowers, time=time.perf_counter() - t0)
     for s in undecided:
-        cex = attack(net, s, steps=attack_steps, points=4, seed=1, deadline=deadline)
+        cex = _attack(net, s, attack_steps, 4, 1, deadline, 3, 0.0)
         if cex is not None:
             return Result("violated", cex, lower=lowers, time=time.perf_counter() - t0)
     timed_out = deadline is not None and time.perf_counter() > deadline
