@@ -342,21 +342,21 @@ def test_check_bad_input(tmp_path, rng, make_spec, err, words):
     assert words in str(info.value)
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(steps=-1), "steps must be an integer >= 0"),
-    (dict(steps=2.5), "steps must be an integer >= 0"),
-    (dict(points=0), "points must be an integer >= 1"),
-    (dict(points=True), "points must be an integer >= 1"),
-    (dict(patience=0), "patience must be an integer >= 1"),
-    (dict(min_gain=-0.1), "min_gain must be a number in [0, 1)"),
-    (dict(min_gain=1.0), "min_gain must be a number in [0, 1)"),
-    (dict(min_gain=float("nan")), "min_gain must be a number in [0, 1)"),
-    (dict(deadline="soon"), "deadline must be"),
+@pytest.mark.parametrize("kw, err, words", [
+    (dict(steps=-1), ValueError, "steps must be an integer >= 0"),
+    (dict(steps=2.5), TypeError, "steps must be an integer"),
+    (dict(points=0), ValueError, "points must be an integer >= 1"),
+    (dict(points=True), TypeError, "points must be an integer"),
+    (dict(patience=0), ValueError, "patience must be an integer >= 1"),
+    (dict(min_gain=-0.1), ValueError, "min_gain must be a number in [0, 1)"),
+    (dict(min_gain=1.0), ValueError, "min_gain must be a number in [0, 1)"),
+    (dict(min_gain=float("nan")), ValueError, "min_gain must be a number in [0, 1)"),
+    (dict(deadline="soon"), ValueError, "deadline must be"),
 ])
-def test_attack_bad_arguments(tmp_path, rng, kw, words):
+def test_attack_bad_arguments(tmp_path, rng, kw, err, words):
     net = verify.load_onnx(random_dense_net(tmp_path, rng, (5, 4, 3)))
     spec = verify.Spec(np.zeros(5), np.ones(5), [(np.ones((1, 3)), np.zeros(1))])
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(err) as info:
         verify.attack(net, spec, **kw)
     assert words in str(info.value)
     with pytest.raises(TypeError, match="one Spec"):

@@ -74,7 +74,7 @@ def _checked_specs(net, spec):
 
 
 def _count(name, v, least):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+    if chk.as_int(v, name) < least:
         raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
 
 
