@@ -75,6 +75,60 @@ def test_kernel_modules_need_nothing_else_of_libgomp():
         assert not needed & {"omp_get_thread_num", "omp_get_num_threads"}, m.__name__
 
 
+_HANDOFF = """
+import ctypes, json, time
+import numpy as np, cypool
+from cypool._backend import module_for
+x = np.random.default_rng(0).standard_normal((4, 512, 14, 14)).astype(np.float32)
+x[:, :, ::3, ::2] = 7.0  # ties
+want = cypool.max_pool2d(x, 2, return_indices=True, num_threads=1)
+pool = module_for("max_pool2d_forward")
+# The libgomp cypool's modules use, as torch or Numba would share it.
+path = [ln.split()[-1] for ln in open("/proc/self/maps") if "libgomp" in ln.split()[-1]][0]
+gomp = ctypes.CDLL(path)
+nothing = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda p: None)
+gomp.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+before, handed, tries = pool.team_counts(), 0, 0
+while handed < 3 and tries < 400:
+    tries += 1
+    time.sleep(0.002)                           # cypool's team threads asleep
+    gomp.GOMP_parallel(ctypes.cast(nothing, ctypes.c_void_p), None, 2, 0)  # libgomp's spinning
+    got = cypool.max_pool2d(x, 2, return_indices=True, num_threads=2)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    handed = pool.team_counts()["handed"] - before["handed"]
+import os
+pid = os.fork()  # a child's libgomp has no threads: its calls stay on cypool's team
+if pid == 0:
+    c0 = pool.team_counts()["handed"]
+    for _ in range(20):
+        time.sleep(0.002)
+        got = cypool.max_pool2d(x, 2, return_indices=True, num_threads=2)
+        ok = all(np.array_equal(a, b) for a, b in zip(got, want))
+        if not ok or pool.team_counts()["handed"] != c0:
+            os._exit(1)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"handed": handed, "tries": tries, "path": path, "child": status}))
+"""
+
+
+def test_a_region_goes_to_libgomps_spinning_pool(tmp_path):
+    # Right after a region of libgomp's (torch's or Numba's, where the
+    # runtime is shared), its pool's threads spin: a call whose team
+    # threads sleep is handed to them, and comes out the same. A forked
+    # child never hands a call to its libgomp.
+    import sys
+    from cypool._backend import kernels
+    if kernels._team_tables()[0] == 0 or platform.system() != "Linux":
+        pytest.skip("the parallel blocks run on libgomp's team in this build")
+    env = {k: v for k, v in _env().items() if k != "CYPOOL_TEAM"}
+    r = subprocess.run([sys.executable, "-c", _HANDOFF], capture_output=True, text=True,
+                       env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["handed"] >= 3 and got["child"] == 0, got
+
+
 _PROBE = """
 import json
 import numpy as np, cypool

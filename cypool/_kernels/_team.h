@@ -31,6 +31,8 @@
  * kernel runs. One region runs at a time on the team: a call that finds it
  * busy (another Python thread's call, or a call from inside a region) runs
  * its thread numbers one after another on its own thread.
+ * A region opened while libgomp's own pool threads spin (after torch's or
+ * Numba's regions) goes to them instead (cypool_gomp_takes).
  * omp_get_max_threads stays libgomp's, so OMP_NUM_THREADS and
  * threadpoolctl's OpenMP limits still set the kernels' default thread
  * count. */
@@ -50,6 +52,9 @@
 #include <sys/syscall.h>
 #include <linux/futex.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <stdio.h>
 
 #define CYPOOL_HIDDEN __attribute__((visibility("hidden")))
 
@@ -290,7 +295,9 @@ static void* cypool_team_thread(void* arg) {
 }
 
 /* A child process has none of its parent's team threads. */
+static void cypool_gomp_after_fork(void);
 static void cypool_team_after_fork(void) {
+    cypool_gomp_after_fork();
     cypool_team.threads = 0;
     cypool_team.slots = 0;
     memset(cypool_team.member, 0, sizeof cypool_team.member);
@@ -418,6 +425,225 @@ static void cypool_team_wait(void) {
             sched_setaffinity(T->member[i].tid, sizeof T->member[i].home, &T->member[i].home);
 }
 
+/* The team a module's parallel blocks run on. counts is NULL for libgomp's. */
+typedef struct {
+    void (*parallel)(void (*)(void*), void*, unsigned, unsigned);
+    int (*thread_num)(void);
+    int (*num_threads)(void);
+    void (*counts)(uint64_t*);
+    void (*set_affinity)(int);
+} cypool_team_api_t;
+
+/* Handing a region to libgomp's pool. Where cypool's modules share their
+ * libgomp with torch or Numba (a build against the system's libgomp, one
+ * runtime per process), that pool's threads spin for milliseconds after
+ * each of its regions and want a CPU all along. A woken team thread then
+ * competes with them: a short call's team share runs late, on the calling
+ * thread (its one-thread time), and a long call's team thread takes turns
+ * with the spinning one. So a region opened while cypool's team threads
+ * sleep goes to libgomp's GOMP_parallel when the calling thread's libgomp
+ * pool threads are all runnable (spinning: state R in /proc) and have not
+ * waited over 1 ms for a CPU since the last look, within 0.1 s, other than
+ * behind cypool's own team (one sharing its CPU with another library's
+ * spinning thread, OpenBLAS's, would hold libgomp's region end for its
+ * next turn). The pool's threads are found by a region of libgomp's, at
+ * most once a second; never in a forked child, whose libgomp has no
+ * threads. CYPOOL_TEAM_HANDOFF=0 at build time: never (tests/c/team.c,
+ * whose sanitizers cannot see into libgomp). */
+#ifndef CYPOOL_TEAM_HANDOFF
+#define CYPOOL_TEAM_HANDOFF 1
+#endif
+
+typedef struct {
+    void (*fn)(void*);
+    void* data;
+} cypool_gomp_call_t;
+
+typedef struct {
+    int state;            /* 0: not probed, 1: probed, -1: never hand off */
+    pthread_t master;     /* the thread whose pool was probed */
+    int count;            /* its pool threads recorded */
+    pid_t tid[CYPOOL_TEAM_WATCHED];
+    int stat[CYPOOL_TEAM_WATCHED];          /* their /proc/self/task/TID/stat, open */
+    int sched[CYPOOL_TEAM_WATCHED];         /* and schedstat */
+    int64_t waited[CYPOOL_TEAM_WATCHED];    /* their run-queue wait at the last look */
+    int64_t probed_at, seen_at;
+    int own_since;        /* a region ran on cypool's team since the last look */
+    int cpus;             /* online CPUs */
+    int loadavg;          /* /proc/loadavg, open */
+    void (*parallel)(void (*)(void*), void*, unsigned, unsigned);
+    int (*thread_num)(void);
+    int (*num_threads)(void);
+    uint64_t handed;      /* regions handed to libgomp */
+} cypool_gomp_t;
+
+static cypool_gomp_t cypool_gomp = {CYPOOL_TEAM_HANDOFF ? 0 : -1};
+static inline const void* cypool_team_libgomp(void);
+
+static void cypool_gomp_run(void* p) {
+    cypool_gomp_call_t* c = (cypool_gomp_call_t*)p;
+    cypool_team_run_as(c->fn, c->data, (unsigned)cypool_gomp.thread_num(),
+                       (unsigned)cypool_gomp.num_threads());
+}
+
+static void cypool_gomp_record(void* p) {
+    int t = cypool_gomp.thread_num();
+    (void)p;
+    if (t == 0)
+        cypool_gomp.count = cypool_gomp.num_threads() - 1;
+    else if (t <= CYPOOL_TEAM_WATCHED)
+        cypool_gomp.tid[t - 1] = (pid_t)syscall(SYS_gettid);
+}
+
+static void cypool_gomp_forget(void) {
+    int i;
+    for (i = 0; i < cypool_gomp.count && i < CYPOOL_TEAM_WATCHED; i++) {
+        if (cypool_gomp.stat[i] >= 0)
+            close(cypool_gomp.stat[i]);
+        if (cypool_gomp.sched[i] >= 0)
+            close(cypool_gomp.sched[i]);
+    }
+    cypool_gomp.count = 0;
+    if (cypool_gomp.state > 0)
+        cypool_gomp.state = 0;
+}
+
+static void cypool_gomp_after_fork(void) {
+    cypool_gomp_forget();
+    if (cypool_gomp.state != -1 && cypool_gomp.loadavg > 0)
+        close(cypool_gomp.loadavg);
+    cypool_gomp.state = -1;
+}
+
+/* Find the calling thread's libgomp pool of n threads, by a region of
+ * libgomp's; at most once a second. */
+static void cypool_gomp_probe(unsigned n, int64_t now) {
+    cypool_gomp_t* G = &cypool_gomp;
+    char path[64];
+    int i, count;
+    if (G->probed_at && now - G->probed_at < 1000000000)
+        return;
+    G->probed_at = now;
+    if (G->parallel == NULL) {
+        const cypool_team_api_t* a = (const cypool_team_api_t*)cypool_team_libgomp();
+        if (a == NULL) {
+            G->state = -1;
+            return;
+        }
+        G->parallel = a->parallel;
+        G->thread_num = a->thread_num;
+        G->num_threads = a->num_threads;
+        G->cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        G->loadavg = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+        if (G->loadavg < 0) {
+            G->state = -1;
+            return;
+        }
+    }
+    cypool_gomp_forget();
+    G->master = pthread_self();
+    G->parallel(cypool_gomp_record, NULL, n, 0);
+    count = G->count < CYPOOL_TEAM_WATCHED ? G->count : CYPOOL_TEAM_WATCHED;
+    for (i = 0; i < count; i++) {
+        snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)G->tid[i]);
+        G->stat[i] = open(path, O_RDONLY | O_CLOEXEC);
+        snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", (int)G->tid[i]);
+        G->sched[i] = open(path, O_RDONLY | O_CLOEXEC);
+        G->waited[i] = -1;
+    }
+    G->count = count;
+    for (i = 0; i < count; i++)
+        if (G->stat[i] < 0 || G->sched[i] < 0) {
+            cypool_gomp_forget();
+            return;
+        }
+    G->state = 1;
+}
+
+/* Pool thread i's state: 'R' running or waiting for a CPU, 'S' asleep,
+ * ...; 0 if it is gone. */
+static char cypool_gomp_state(int i) {
+    char buf[256];
+    char* s;
+    ssize_t got = pread(cypool_gomp.stat[i], buf, sizeof buf - 1, 0);
+    if (got <= 0)
+        return 0;
+    buf[got] = 0;
+    s = strrchr(buf, ')');  /* after the thread's name */
+    return s != NULL && s[1] == ' ' ? s[2] : 0;
+}
+
+/* Pool thread i's time waiting for a CPU so far in ns (its schedstat, up
+ * to date from when it last got one); -1 if unknown. */
+static int64_t cypool_gomp_waited(int i) {
+    char buf[96];
+    char* end;
+    ssize_t got = pread(cypool_gomp.sched[i], buf, sizeof buf - 1, 0);
+    if (got <= 0)
+        return -1;
+    buf[got] = 0;
+    strtoll(buf, &end, 10);
+    return strtoll(end, NULL, 10);
+}
+
+/* Threads runnable on the machine now, from /proc/loadavg; -1 if unknown. */
+static int cypool_gomp_runnable(void) {
+    char buf[128];
+    char* s;
+    ssize_t got = pread(cypool_gomp.loadavg, buf, sizeof buf - 1, 0);
+    if (got <= 0)
+        return -1;
+    buf[got] = 0;
+    s = strchr(buf, '/');
+    if (s == NULL)
+        return -1;
+    while (s > buf && s[-1] >= '0' && s[-1] <= '9')
+        s--;
+    return atoi(s);
+}
+
+/* Whether a region of n threads goes to libgomp's pool (see above). */
+static int cypool_gomp_takes(unsigned n) {
+    cypool_team_t* T = &cypool_team;
+    cypool_gomp_t* G = &cypool_gomp;
+    int64_t t0, w;
+    int i, k = (int)n - 1, take = 1;
+    if (G->state < 0 || k > CYPOOL_TEAM_WATCHED
+        || T->threads - __atomic_load_n(&T->sleepers, __ATOMIC_SEQ_CST) >= k)
+        return 0;
+    t0 = cypool_team_now();
+    if (G->state == 0 || G->count < k) {
+        cypool_gomp_probe(n, t0);
+        return 0;
+    }
+    if (!pthread_equal(G->master, pthread_self()))
+        return 0;
+    for (i = 0; i < k; i++) {
+        char st = cypool_gomp_state(i);
+        if (st == 0) {
+            cypool_gomp_forget();  /* that thread is gone: probe again */
+            return 0;
+        }
+        if (st != 'R')
+            return 0;  /* asleep */
+    }
+    for (i = 0; i < k; i++) {
+        w = cypool_gomp_waited(i);
+        if (w < 0 || (G->waited[i] >= 0 && !G->own_since && t0 - G->seen_at < 100000000
+                      && w - G->waited[i] > 1000000))
+            take = 0;  /* waited over 1 ms for a CPU within 0.1 s, not for cypool's team */
+        G->waited[i] = w;
+    }
+    G->seen_at = t0;
+    G->own_since = 0;
+    if (take) {
+        /* the calling thread and the spinning pool threads, and no more */
+        int r = cypool_gomp_runnable();
+        take = r >= 0 && r <= G->cpus && r <= k + 1;
+    }
+    return take;
+}
+
 static void cypool_team_parallel(void (*fn)(void*), void* data, unsigned n, unsigned flags) {
     cypool_team_t* T = &cypool_team;
     unsigned t;
@@ -441,6 +667,14 @@ static void cypool_team_parallel(void (*fn)(void*), void* data, unsigned n, unsi
             cypool_team_run_as(fn, data, t, n);
         return;
     }
+    if (cypool_gomp_takes(n)) {
+        cypool_gomp_call_t c = {fn, data};
+        cypool_gomp.parallel(cypool_gomp_run, &c, n, 0);
+        __atomic_add_fetch(&cypool_gomp.handed, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&T->busy, 0, __ATOMIC_RELEASE);
+        return;
+    }
+    cypool_gomp.own_since = 1;
     T->fn = fn;
     T->data = data;
     __atomic_store_n(&T->caller_cpu, sched_getcpu(), __ATOMIC_RELAXED);
@@ -471,7 +705,7 @@ static void cypool_team_parallel(void (*fn)(void*), void* data, unsigned n, unsi
     __atomic_store_n(&T->busy, 0, __ATOMIC_RELEASE);
 }
 
-/* The counts above, into c[6]. */
+/* The counts above and the regions handed to libgomp's pool, into c[7]. */
 static void cypool_team_own_counts(uint64_t* c) {
     c[0] = __atomic_load_n(&cypool_team.opened, __ATOMIC_RELAXED);
     c[1] = __atomic_load_n(&cypool_team.joined, __ATOMIC_RELAXED);
@@ -479,16 +713,8 @@ static void cypool_team_own_counts(uint64_t* c) {
     c[3] = __atomic_load_n(&cypool_team.slept, __ATOMIC_RELAXED);
     c[4] = __atomic_load_n(&cypool_team.moved, __ATOMIC_RELAXED);
     c[5] = __atomic_load_n(&cypool_team.pulled, __ATOMIC_RELAXED);
+    c[6] = __atomic_load_n(&cypool_gomp.handed, __ATOMIC_RELAXED);
 }
-
-/* The team a module's parallel blocks run on. counts is NULL for libgomp's. */
-typedef struct {
-    void (*parallel)(void (*)(void*), void*, unsigned, unsigned);
-    int (*thread_num)(void);
-    int (*num_threads)(void);
-    void (*counts)(uint64_t*);
-    void (*set_affinity)(int);
-} cypool_team_api_t;
 
 static void cypool_team_set_affinity(int on) {
     __atomic_store_n(&cypool_team_affinity, on, __ATOMIC_RELAXED);
@@ -546,7 +772,7 @@ static inline int cypool_team_is_own(void) {
     return __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED)->counts != NULL;
 }
 
-/* The counts of the team the blocks run on, into c[6]; 0 for libgomp's. */
+/* The counts of the team the blocks run on, into c[7]; 0 for libgomp's. */
 static inline int cypool_team_counts(uint64_t* c) {
     const cypool_team_api_t* a = __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED);
     if (a->counts == NULL)
