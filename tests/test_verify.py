@@ -334,8 +334,10 @@ def test_check_bad_input(tmp_path, rng, make_spec, err, words):
     assert words in str(info.value)
     with pytest.raises(TypeError, match="net must be a network from load_onnx"):
         verify.check("net.onnx", verify.Spec(np.zeros(5), np.ones(5), [(np.ones((1, 3)), np.zeros(1))]))
-    with pytest.raises(ValueError, match="timeout"):
-        verify.check(net, verify.Spec(np.zeros(5), np.ones(5), [(np.ones((1, 3)), np.zeros(1))]), timeout=-1)
+    for timeout in (-1, 0, True, float("nan"), "30", np.bool_(True)):
+        with pytest.raises(ValueError, match="timeout"):
+            verify.check(net, verify.Spec(np.zeros(5), np.ones(5), [(np.ones((1, 3)), np.zeros(1))]),
+                         timeout=timeout)
     # attack() checks what check() checks, one spec at a time
     with pytest.raises(err) as info:
         verify.attack(net, make_spec(net))

@@ -1,6 +1,7 @@
 """check(net, spec): falsify by attack, prove by bounds, or say unknown."""
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -148,7 +149,8 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
     t0 = time.perf_counter()
     specs = _checked_specs(net, spec)
     _count("attack_steps", attack_steps, 0)
-    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+    if timeout is not None and (isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real)
+                                or not timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     chk.num_threads_arg(num_threads)
     if num_threads is not None:
