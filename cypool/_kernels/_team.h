@@ -442,11 +442,12 @@ typedef struct {
  * thread (its one-thread time), and a long call's team thread takes turns
  * with the spinning one. So a region opened while cypool's team threads
  * sleep goes to libgomp's GOMP_parallel when the calling thread's libgomp
- * pool threads are all runnable (spinning: state R in /proc) and have not
+ * pool threads are all runnable (spinning: state R in /proc), have not
  * waited over 1 ms for a CPU since the last look, within 0.1 s, other than
- * behind cypool's own team (one sharing its CPU with another library's
+ * behind cypool's own team, and no other thread on the machine is
+ * runnable (/proc/loadavg): one sharing its CPU with another library's
  * spinning thread, OpenBLAS's, would hold libgomp's region end for its
- * next turn). The pool's threads are found by a region of libgomp's, at
+ * next turn. The pool's threads are found by a region of libgomp's, at
  * most once a second; never in a forked child, whose libgomp has no
  * threads. CYPOOL_TEAM_HANDOFF=0 at build time: never (tests/c/team.c,
  * whose sanitizers cannot see into libgomp). */
