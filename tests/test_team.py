@@ -89,7 +89,7 @@ gomp = ctypes.CDLL(path)
 nothing = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda p: None)
 gomp.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
 before, handed, tries = pool.team_counts(), 0, 0
-while handed < 3 and tries < 400:
+while handed < 3 and tries < 2000:  # a busy machine refuses most (/proc/loadavg)
     tries += 1
     time.sleep(0.002)                           # cypool's team threads asleep
     gomp.GOMP_parallel(ctypes.cast(nothing, ctypes.c_void_p), None, 2, 0)  # libgomp's spinning
