@@ -1,6 +1,6 @@
 """cypool's own thread team against libgomp's, built from the same source.
 
-Run: python bench/bench_teams.py [--libgomp DIR] [--rounds R] [--calls K] [--quick]
+Run: python bench/bench_teams.py [--libgomp DIR] [--base DIR] [--rounds R] [--calls K] [--quick]
 
 Both builds run every shape of the pooling, argmax and convolution benches
 in processes of their own, alternating (own, libgomp, own, ...), R rounds.
@@ -20,7 +20,10 @@ each team, the ratio own / libgomp, and the worst mode. --libgomp DIR
 names a tree already built with CFLAGS=-DCYPOOL_LIBGOMP_TEAM; without it
 the working tree's tracked files are copied to build/libgomp-team and
 built there (a minute or two), and so is the own team's build: a copy in
-build/own-team, so that both are the same source.
+build/own-team, so that both are the same source. --base DIR adds a third
+build with cypool's team (another revision, built in place: the A/B
+against the last landed commit) to the alternation, and a second table:
+per mode, the median and range over the shapes of own / base.
 """
 from __future__ import annotations
 
@@ -195,6 +198,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--libgomp", default=None, help="a tree built with -DCYPOOL_LIBGOMP_TEAM")
     p.add_argument("--own", default=None, help="a tree built with cypool's own team")
+    p.add_argument("--base", default=None, help="another revision's tree, built in place, to A/B against")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=15)
     p.add_argument("--threads", type=int, default=2)
@@ -211,11 +215,14 @@ def main(argv=None) -> None:
             trees[team] = os.path.join(ROOT, "build", f"{team}-team")
             print(f"building {team} team in {trees[team]} ...", file=sys.stderr)
             build(trees[team], team == "libgomp")
-    runs = {"own": [], "libgomp": []}
+    if args.base:
+        trees["base"] = os.path.abspath(args.base)
+    runs = {team: [] for team in trees}
     for r in range(args.rounds):
-        for team in ("own", "libgomp"):
+        for team in trees:
             res = run_child(trees[team], args)
-            assert res["team"] == team, f"{trees[team]} runs {res['team']}'s team"
+            want = "own" if team == "base" else team
+            assert res["team"] == want, f"{trees[team]} runs {res['team']}'s team"
             assert res["file"].startswith(os.path.abspath(trees[team])), res["file"]
             runs[team].append(res["times"])
     first = runs["own"][0]
@@ -238,6 +245,16 @@ def main(argv=None) -> None:
         print(f"| {name} | " + " | ".join(cells) + f" | {worst[1]} {worst[0]:.2f}x |")
     print()
     print(f"worst ratio of any row and mode: {worst_all:.2f}x (target: at most 1.05x)")
+    if "base" in runs:
+        print()
+        print(f"{trees['own']} against {trees['base']}, own / base over the {len(first)} shapes")
+        print()
+        print("| mode | median | range |")
+        print("|---|---|---|")
+        for m in modes:
+            ratios = [statistics.median(run[name][m] for run in runs["own"])
+                      / statistics.median(run[name][m] for run in runs["base"]) for name in first]
+            print(f"| {m} | {statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f}x |")
 
 
 if __name__ == "__main__":
