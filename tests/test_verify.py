@@ -354,6 +354,8 @@ def test_check_bad_input(tmp_path, rng, make_spec, err, words):
     (dict(min_gain=1.0), ValueError, "min_gain must be a number in [0, 1)"),
     (dict(min_gain=float("nan")), ValueError, "min_gain must be a number in [0, 1)"),
     (dict(deadline="soon"), ValueError, "deadline must be"),
+    (dict(deadline=float("nan")), ValueError, "deadline must be"),
+    (dict(deadline=True), ValueError, "deadline must be"),
 ])
 def test_attack_bad_arguments(tmp_path, rng, kw, err, words):
     net = verify.load_onnx(random_dense_net(tmp_path, rng, (5, 4, 3)))

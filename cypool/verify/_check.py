@@ -79,6 +79,13 @@ def _count(name, v, least):
         raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
 
 
+def _number(name, v, ok, what):
+    """v, a real number (no bool, no NaN) for which ok(v) holds, else a
+    ValueError saying it must be what."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or v != v or not ok(v):
+        raise ValueError(f"{name} must be {what}, got {v!r}")
+
+
 def attack(net: Net, spec: Spec, *, steps=10, points=8, seed=0, deadline=None, patience=3,
            min_gain=0.0):
     """A counterexample ``(x, y)`` found by projected gradient descent on the
@@ -93,11 +100,9 @@ def attack(net: Net, spec: Spec, *, steps=10, points=8, seed=0, deadline=None, p
     _count("steps", steps, 0)
     _count("points", points, 1)
     _count("patience", patience, 1)
-    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float, np.floating)) \
-            or not 0 <= min_gain < 1:
-        raise ValueError(f"min_gain must be a number in [0, 1), got {min_gain!r}")
-    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
-        raise ValueError(f"deadline must be a time.perf_counter() value or None, got {deadline!r}")
+    _number("min_gain", min_gain, lambda v: 0 <= v < 1, "a number in [0, 1)")
+    if deadline is not None:
+        _number("deadline", deadline, lambda v: True, "a time.perf_counter() value or None")
     return _attack(net, spec, steps, points, seed, deadline, patience, min_gain)
 
 
@@ -149,9 +154,8 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
     t0 = time.perf_counter()
     specs = _checked_specs(net, spec)
     _count("attack_steps", attack_steps, 0)
-    if timeout is not None and (isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real)
-                                or not timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    if timeout is not None:
+        _number("timeout", timeout, lambda v: v > 0, "a positive number of seconds or None")
     chk.num_threads_arg(num_threads)
     if num_threads is not None:
         net = net.with_threads(num_threads)
