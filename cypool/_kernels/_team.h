@@ -511,7 +511,7 @@ static void cypool_gomp_forget(void) {
 
 static void cypool_gomp_after_fork(void) {
     cypool_gomp_forget();
-    if (cypool_gomp.state != -1 && cypool_gomp.loadavg > 0)
+    if (cypool_gomp.loadavg > 0)
         close(cypool_gomp.loadavg);
     cypool_gomp.state = -1;
 }
