@@ -88,3 +88,19 @@ def zono_dense(
     z: NDArray, w: NDArray, bias: NDArray, out: NDArray, rows: NDArray, counts: NDArray,
     num_threads: int,
 ) -> None: ...
+def crown_relu(
+    A: NDArray, a: NDArray, s: NDArray, t: NDArray, acc: NDArray, num_threads: int,
+) -> None: ...
+def crown_box(A: NDArray, lo: NDArray, hi: NDArray, acc: NDArray, num_threads: int) -> None: ...
+def crown_relu_patches(
+    A: NDArray, oy: NDArray, ox: NDArray, a: NDArray, s: NDArray, t: NDArray, acc: NDArray,
+    num_threads: int,
+) -> None: ...
+def crown_affine_patches(
+    A: NDArray, oy: NDArray, ox: NDArray, scale: NDArray | None, bias: NDArray, acc: NDArray,
+    num_threads: int,
+) -> None: ...
+def crown_box_patches(
+    A: NDArray, oy: NDArray, ox: NDArray, lo: NDArray, hi: NDArray, acc: NDArray,
+    num_threads: int,
+) -> None: ...

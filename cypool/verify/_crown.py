@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _checks as chk
+from .._backend import kernel, threads_for
 from ._net import Dense, Reshape, ReLU
 from ._patches import backsub_rows, patchable
 
@@ -54,26 +56,32 @@ def relaxation(l, u):
     return a, s, t
 
 
-def _backsub(ops, relax, A, lo, hi, const=None):
+def _backsub(ops, relax, A, lo, hi, const=None, nt=0):
     """Lower bounds of the rows of A (K, *shape of ops[-1]'s output), plus
-    const, over the box [lo, hi] (flat), as computed (no rounding charge)."""
+    const, over the box [lo, hi] (flat, contiguous), as computed (no
+    rounding charge). A and const are consumed: changed in place where
+    they are contiguous arrays of the net's dtype. nt: threads (0: OpenMP's
+    default)."""
     K = A.shape[0]
-    const = np.zeros(K, A.dtype) if const is None else const
+    dt = A.dtype
+    const = np.zeros(K, dt) if const is None else const
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         if isinstance(op, ReLU):
             # a negative coefficient takes the upper line (s, t), a positive
             # one the lower (a); stable neurons have a = s and t = 0
             a, s, t = relax[i]
-            flat = A.reshape(K, -1)
-            const += np.minimum(flat, 0) @ t.reshape(-1)
-            A = (flat * np.where(flat < 0, s.reshape(-1), a.reshape(-1))).reshape(A.shape)
+            flat = np.ascontiguousarray(A.reshape(K, -1))
+            kernel("crown_relu", dt)(flat, a.reshape(-1), s.reshape(-1), t.reshape(-1), const,
+                                     threads_for(nt, flat.size, K))
+            A = flat.reshape(A.shape)
         else:
             if op.bias is not None:
                 const += A.reshape(K, -1) @ op.bias.reshape(-1)
             A = op.T(A)
-    Af = A.reshape(K, -1)
-    return const + np.maximum(Af, 0) @ lo + np.minimum(Af, 0) @ hi
+    Af = np.ascontiguousarray(A.reshape(K, -1))
+    kernel("crown_box", dt)(Af, lo, hi, const, threads_for(nt, Af.size, K))
+    return const
 
 
 class _Charge:
@@ -114,22 +122,22 @@ class _Charge:
         return 2 * self.gam * (np.abs(C).reshape(K, -1) @ self.F.reshape(-1)) + np.finfo(self.dt).tiny
 
 
-def _rows(ops, relax, rows, lo, hi):
+def _rows(ops, relax, rows, lo, hi, nt=0):
     """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
     ops[-1]'s output: in patches where ops allow it, else whole."""
     if patchable(ops):
-        return backsub_rows(ops, relax, rows, lo, hi)
+        return backsub_rows(ops, relax, rows, lo, hi, nt)
     last = ops[-1]
     if isinstance(last, Dense):  # e_r through it: its row r
         W, b = last.W[rows], last.bias[rows]
         A = np.concatenate([W, -W]).reshape((-1,) + last.in_shape)
-        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]))
+        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt)
     else:
         n = int(np.prod(last.out_shape))
         A = np.zeros((2 * rows.size, n), lo.dtype)
         A[np.arange(rows.size), rows] = 1
         A[rows.size + np.arange(rows.size), rows] = -1
-        lb = _backsub(ops, relax, A.reshape((-1,) + last.out_shape), lo, hi)
+        lb = _backsub(ops, relax, A.reshape((-1,) + last.out_shape), lo, hi, None, nt)
     return lb[:rows.size], lb[rows.size:]
 
 
@@ -150,8 +158,9 @@ def bounds(net, lo, hi, *, charge=True):
     over the box [lo, hi], their relaxations ``{i: (a, s, t)}``, and the
     rounding charge at the output (None without charge)."""
     dt = net.dtype
-    lo = np.asarray(lo, dt)
-    hi = np.asarray(hi, dt)
+    nt = chk.num_threads_arg(net.num_threads)
+    lo = np.ascontiguousarray(lo, dt)
+    hi = np.ascontiguousarray(hi, dt)
     c = ((lo + hi) / 2).reshape((1,) + net.input_shape)
     r = ((hi - lo) / 2).reshape((1,) + net.input_shape)
     if charge:  # the midpoint's rounding
@@ -171,7 +180,7 @@ def bounds(net, lo, hi, *, charge=True):
         if relax or affine_since_relu > 1:
             rows = np.flatnonzero((l < 0) & (u > 0))
             if rows.size:
-                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi)
+                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi, nt)
                 if ch is not None:
                     lower -= ch.of_rows(rows)
                     neg_upper -= ch.of_rows(rows)
@@ -193,7 +202,9 @@ def output_lower(net, relax, charge, C, lo, hi):
     """Lower bounds of ``C @ y`` (C of shape (K, n_outputs)) over the box,
     less the rounding charge (the _Charge from bounds, or None)."""
     dt = net.dtype
-    A = np.asarray(C, dt).reshape((-1,) + net.ops[-1].out_shape)
-    lb = _backsub(net.ops, relax, A, np.asarray(lo, dt), np.asarray(hi, dt))
-    return lb if charge is None else lb - charge.of(A)
+    A = np.array(C, dt).reshape((-1,) + net.ops[-1].out_shape)  # a copy: _backsub consumes it
+    ch = None if charge is None else charge.of(A)
+    lb = _backsub(net.ops, relax, A, np.ascontiguousarray(lo, dt), np.ascontiguousarray(hi, dt),
+                  None, chk.num_threads_arg(net.num_threads))
+    return lb if ch is None else lb - ch
 

@@ -167,6 +167,7 @@ class Net:
         self.dtype = np.dtype(dtype)
         self.n_inputs = int(np.prod(self.input_shape))
         self.n_outputs = int(np.prod(self.ops[-1].out_shape)) if self.ops else self.n_inputs
+        self.num_threads = None
         self._casts = {}
 
     def _batch(self, x):
@@ -210,12 +211,15 @@ class Net:
         return G
 
     def with_threads(self, num_threads) -> "Net":
-        """The same network, its convolutions on num_threads threads."""
+        """The same network, its convolutions and the bounds' kernels on
+        num_threads threads."""
         ops = [copy.copy(op) for op in self.ops]
         for op in ops:
             if isinstance(op, Conv):
                 op.num_threads = num_threads
-        return Net(ops, self.input_shape, self.dtype)
+        net = Net(ops, self.input_shape, self.dtype)
+        net.num_threads = num_threads
+        return net
 
     def astype(self, dtype) -> "Net":
         """The same network with its weights in dtype (made once, kept)."""
@@ -237,7 +241,9 @@ class Net:
                 if hasattr(op, k):
                     setattr(op, k, None)
             ops.append(op)
-        return Net(ops, self.input_shape, dtype)
+        net = Net(ops, self.input_shape, dtype)
+        net.num_threads = self.num_threads
+        return net
 
     def __repr__(self):
         inner = ", ".join(f"{type(op).__name__}{op.in_shape}->{op.out_shape}" for op in self.ops)

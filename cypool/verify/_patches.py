@@ -4,17 +4,18 @@ A neuron ``(o, y, x)`` of a convolution depends on a window of its input,
 and through the layers below on a window that grows by each kernel: its
 coefficients are nonzero only there. So each row is carried as a small
 tensor ``(C, h, w)`` and the window's origin in the current layer's
-frame, instead of a whole image: a ReLU's or an elementwise map's arrays
-are gathered over each window (zero outside the layer, where a
-convolution's padding stands), and a convolution's transpose runs on the
-patches. It gives the bounds _crown._backsub gives, at the cost of the
-window rather than of the image.
+frame, instead of a whole image: the compiled steps (_kernels/_crown.pxi)
+read a ReLU's or an elementwise map's arrays over each window (zero
+outside the layer, where a convolution's padding stands), and a
+convolution's transpose runs on the patches. It gives the bounds
+_crown._backsub gives, at the cost of the window rather than of the
+image.
 """
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
+from .._backend import kernel, threads_for
 from ..conv import conv2d_backward
 from ._net import Conv, Elementwise, ReLU
 
@@ -28,27 +29,6 @@ def patchable(ops) -> bool:
     return (bool(ops) and isinstance(ops[-1], Conv)
             and all(isinstance(op, (Conv, ReLU, Elementwise)) and len(op.out_shape) == 3
                     for op in ops))
-
-
-def _gather(arr, oy, ox, h, w):
-    """arr (C, H, W) over each window (h, w) at origins (oy, ox): (K, C, h,
-    w), zero outside arr."""
-    C, H, W = arr.shape
-    pt, pl = max(0, -int(oy.min())), max(0, -int(ox.min()))
-    pb, pr = max(0, int(oy.max()) + h - H), max(0, int(ox.max()) + w - W)
-    if pt or pb or pl or pr:
-        arr = np.pad(arr, ((0, 0), (pt, pb), (pl, pr)))
-    view = sliding_window_view(arr, (h, w), axis=(1, 2))  # (C, H', W', h, w)
-    # windows first: the gather then writes (K, C, h, w) in order, 4-8x
-    # faster than gathering (C, K, h, w) and transposing
-    return view.transpose(1, 2, 0, 3, 4)[oy + pt, ox + pl]
-
-
-def _rowdot(X, Y):
-    """The dot product of each row k of X and Y (K, ...): one pass, no
-    temporary."""
-    K = X.shape[0]
-    return np.einsum("ij,ij->i", X.reshape(K, -1), Y.reshape(K, -1))
 
 
 def _dilated(conv):
@@ -70,11 +50,13 @@ def _origin(conv, y, x):
     return y * conv.stride[0] - top, x * conv.stride[1] - left
 
 
-def backsub_rows(ops, relax, rows, lo, hi):
+def backsub_rows(ops, relax, rows, lo, hi, nt=0):
     """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
-    ops[-1]'s output, over the box [lo, hi] (flat): two arrays of
-    len(rows), as computed (no rounding charge). ops: patchable."""
+    ops[-1]'s output, over the box [lo, hi] (flat), as computed (no
+    rounding charge): two arrays of len(rows). ops: patchable; nt:
+    threads (0: OpenMP's default)."""
     last = ops[-1]
+    dt = last.w.dtype
     O, OH, OW = last.out_shape
     o, rem = np.divmod(rows, OH * OW)
     y, x = np.divmod(rem, OW)
@@ -83,32 +65,30 @@ def backsub_rows(ops, relax, rows, lo, hi):
     b = last.bias[o, y, x]
     const = np.concatenate([b, -b])
     oy, ox = _origin(last, y, x)
-    oy, ox = np.concatenate([oy, oy]), np.concatenate([ox, ox])
+    oy, ox = np.concatenate([oy, oy]).astype(np.int64), np.concatenate([ox, ox]).astype(np.int64)
+    # the steps below change A and const in place, zeroing the
+    # coefficients that fall outside a layer (a convolution's padding)
     for j in range(len(ops) - 2, -1, -1):
         op = ops[j]
         K, C, h, w = A.shape
+        th = threads_for(nt, A.size, K)
         if isinstance(op, ReLU):
-            a, s, t = (_gather(v, oy, ox, h, w) for v in relax[j])
-            const += _rowdot(np.minimum(A, 0), t)
-            A = A * np.where(A < 0, s, a)
+            kernel("crown_relu_patches", dt)(A, oy, ox, *relax[j], const, th)
         elif isinstance(op, Elementwise):
-            const += _rowdot(A, _gather(op.bias, oy, ox, h, w))
-            A = A * _gather(op.scale, oy, ox, h, w)
+            kernel("crown_affine_patches", dt)(A, oy, ox, np.ascontiguousarray(op.scale, dt),
+                                               np.ascontiguousarray(op.bias, dt), const, th)
         else:  # a convolution: its output window to its input window
-            inside = _gather(np.ones(op.out_shape, A.dtype), oy, ox, h, w)
-            A = A * inside
-            const += _rowdot(A, _gather(op.bias, oy, ox, h, w))
+            kernel("crown_affine_patches", dt)(A, oy, ox, None, op.bias, const, th)
             wd = _dilated(op)
             sh, sw = op.stride
             Hn, Wn = (h - 1) * sh + wd.shape[2], (w - 1) * sw + wd.shape[3]
-            A, _, _ = conv2d_backward(np.ascontiguousarray(A),
-                                      np.broadcast_to(np.zeros((), A.dtype), (K, wd.shape[1], Hn, Wn)),
-                                      wd, op.stride, 0, 1, needs_weight_grad=False)
+            A, _, _ = conv2d_backward(A, np.broadcast_to(np.zeros((), dt), (K, wd.shape[1], Hn, Wn)),
+                                      wd, op.stride, 0, 1, needs_weight_grad=False, num_threads=nt or None)
+            A = np.ascontiguousarray(A)
             oy, ox = _origin(op, oy, ox)
-    K, C, h, w = A.shape
     shape = ops[0].in_shape
-    lo_g = _gather(lo.reshape(shape), oy, ox, h, w)
-    hi_g = _gather(hi.reshape(shape), oy, ox, h, w)
-    lower = const + _rowdot(np.maximum(A, 0), lo_g) + _rowdot(np.minimum(A, 0), hi_g)
+    kernel("crown_box_patches", dt)(A, oy, ox, np.ascontiguousarray(lo, dt).reshape(shape),
+                                    np.ascontiguousarray(hi, dt).reshape(shape), const,
+                                    threads_for(nt, A.size, A.shape[0]))
     n = len(rows)
-    return lower[:n], lower[n:]
+    return const[:n], const[n:]

@@ -1,0 +1,267 @@
+# Uses: _common.pxi (floating, int64_t, memset, _share_start, _note_team,
+# _set_serial_team); _zonotope.pxi (ZLANES).
+# Back-substitution kernels of cypool.verify (_crown.py, _patches.py): the
+# steps that move K rows of bound coefficients through a ReLU's relaxation,
+# an elementwise map, and onto the input box, in place and in one pass.
+# Rows are either whole, (K, n) over a layer's flat neurons, or patches,
+# (K, C, h, w) windows at origins (oy[k], ox[k]) of a (C, H, W) layer; a
+# patch's coefficients outside the layer (a convolution's padding) are
+# set to 0. Rows are split in contiguous shares, one per thread.
+
+
+# The spans select by arithmetic, never by a conditional load: gcc 12.2 at
+# -O3 -march=x86-64-v3 summed `v * (lo[j] if v > 0 else hi[j])` wrongly.
+# neg is v's negative part, NaN for a NaN v: a NaN coefficient reaches
+# its row's sum, as in numpy's min(A, 0) @ t.
+
+cdef floating _relu_span(floating* p, const floating* a, const floating* s, const floating* t,
+                         Py_ssize_t n) noexcept nogil:
+    """p[j] *= (s[j] if p[j] < 0 else a[j]); returns the sum of min(p[j], 0)
+    * t[j] (the old p), in ZLANES running sums."""
+    cdef floating acc[ZLANES]
+    cdef floating v, neg, tot = 0
+    cdef Py_ssize_t j, l, nv = n - n % ZLANES
+    for l in range(ZLANES):
+        acc[l] = 0
+    for j in range(0, nv, ZLANES):
+        for l in range(ZLANES):
+            v = p[j + l]
+            neg = v if not v >= 0 else 0
+            acc[l] += neg * t[j + l]
+            p[j + l] = neg * s[j + l] + (v - neg) * a[j + l]
+    for l in range(ZLANES):
+        tot += acc[l]
+    for j in range(nv, n):
+        v = p[j]
+        neg = v if not v >= 0 else 0
+        tot += neg * t[j]
+        p[j] = neg * s[j] + (v - neg) * a[j]
+    return tot
+
+
+cdef floating _affine_span(floating* p, const floating* scale, const floating* bias,
+                           Py_ssize_t n) noexcept nogil:
+    """Returns sum p[j] * bias[j], then p[j] *= scale[j] (kept where scale
+    is NULL)."""
+    cdef floating acc[ZLANES]
+    cdef floating tot = 0
+    cdef Py_ssize_t j, l, nv = n - n % ZLANES
+    for l in range(ZLANES):
+        acc[l] = 0
+    for j in range(0, nv, ZLANES):
+        for l in range(ZLANES):
+            acc[l] += p[j + l] * bias[j + l]
+    for l in range(ZLANES):
+        tot += acc[l]
+    for j in range(nv, n):
+        tot += p[j] * bias[j]
+    if scale != NULL:
+        for j in range(n):
+            p[j] *= scale[j]
+    return tot
+
+
+cdef floating _box_span(const floating* p, const floating* lo, const floating* hi,
+                        Py_ssize_t n) noexcept nogil:
+    """sum of max(p[j], 0) * lo[j] + min(p[j], 0) * hi[j]: the least of p . x
+    over the box [lo, hi]."""
+    cdef floating acc[ZLANES]
+    cdef floating v, neg, tot = 0
+    cdef Py_ssize_t j, l, nv = n - n % ZLANES
+    for l in range(ZLANES):
+        acc[l] = 0
+    for j in range(0, nv, ZLANES):
+        for l in range(ZLANES):
+            v = p[j + l]
+            neg = v if not v >= 0 else 0
+            acc[l] += (v - neg) * lo[j + l] + neg * hi[j + l]
+    for l in range(ZLANES):
+        tot += acc[l]
+    for j in range(nv, n):
+        v = p[j]
+        neg = v if not v >= 0 else 0
+        tot += (v - neg) * lo[j] + neg * hi[j]
+    return tot
+
+
+DEF STEP_RELU = 0
+DEF STEP_AFFINE = 1
+DEF STEP_BOX = 2
+
+
+cdef struct StepArgs:
+    int step
+    Py_ssize_t K, C, h, w          # rows, and each row's (C, h, w); whole rows: C = h = 1
+    Py_ssize_t H, W                # the layer's rows and columns (whole rows: H = 1, W = w)
+    const int64_t* oy              # the windows' origins (whole rows: NULL)
+    const int64_t* ox
+    const void* p0                 # RELU: a, s, t; AFFINE: scale (or NULL), bias; BOX: lo, hi
+    const void* p1
+    const void* p2
+    void* A                        # (K, C, h, w), changed in place (not by BOX)
+    void* acc                      # (K,): each row's sum is added to it
+
+
+cdef floating _step_span(const StepArgs* g, floating* p, Py_ssize_t q, Py_ssize_t n) noexcept nogil:
+    """The step on n coefficients p, over the layer's flat elements from q."""
+    cdef const floating* x0 = <const floating*>g.p0
+    cdef const floating* x1 = <const floating*>g.p1
+    if g.step == STEP_RELU:
+        return _relu_span(p, x0 + q, x1 + q, <const floating*>g.p2 + q, n)
+    if g.step == STEP_AFFINE:
+        if x0 == NULL:
+            return _affine_span(p, NULL, x1 + q, n)
+        return _affine_span(p, x0 + q, x1 + q, n)
+    return _box_span(p, x0 + q, x1 + q, n)
+
+
+cdef void _step_rows(const StepArgs* g, floating* dummy, Py_ssize_t start,
+                     Py_ssize_t end) noexcept nogil:
+    """Rows [start, end) of the step (dummy: the dtype only)."""
+    cdef floating* A = <floating*>g.A
+    cdef floating* acc = <floating*>g.acc
+    cdef Py_ssize_t k, c, i, y, x0, x1, span = g.C * g.h * g.w
+    cdef floating tot
+    cdef floating* p
+    for k in range(start, end):
+        p = A + k * span
+        tot = 0
+        if g.oy == NULL:
+            tot = _step_span(g, p, 0, g.w)
+        else:
+            # the window's columns inside the layer: [x0, x1)
+            x0 = -g.ox[k] if g.ox[k] < 0 else 0
+            x1 = g.W - g.ox[k] if g.W - g.ox[k] < g.w else g.w
+            for c in range(g.C):
+                for i in range(g.h):
+                    y = g.oy[k] + i
+                    if y < 0 or y >= g.H or x1 <= x0:
+                        if g.step != STEP_BOX:
+                            memset(p, 0, g.w * sizeof(floating))
+                    else:
+                        if g.step != STEP_BOX:
+                            memset(p, 0, x0 * sizeof(floating))
+                            memset(p + x1, 0, (g.w - x1) * sizeof(floating))
+                        tot += _step_span(g, p + x0, (c * g.H + y) * g.W + g.ox[k] + x0,
+                                          x1 - x0)
+                    p += g.w
+        acc[k] += tot
+
+
+cdef void _run_step(const StepArgs* g, floating* dummy, int num_threads) noexcept nogil:
+    cdef int tid
+    if num_threads == 1:
+        _set_serial_team()
+        _step_rows(g, dummy, 0, g.K)
+    else:
+        with parallel(num_threads=num_threads):
+            _note_team()
+            tid = threadid()
+            _step_rows(g, dummy, _share_start(g.K, tid), _share_start(g.K, tid + 1))
+
+
+cdef void _set_window(StepArgs* g, floating[:, :, :, ::1] A, const int64_t[::1] oy,
+                      const int64_t[::1] ox, Py_ssize_t H, Py_ssize_t W):
+    g.K, g.C, g.h, g.w = A.shape[0], A.shape[1], A.shape[2], A.shape[3]
+    g.H, g.W = H, W
+    g.oy = &oy[0] if g.K else NULL
+    g.ox = &ox[0] if g.K else NULL
+    g.A = &A[0, 0, 0, 0] if A.size else NULL
+
+
+def crown_relu(floating[:, ::1] A,       # INOUT (K, n): coefficient rows
+               const floating[::1] a,    # IN (n,): lower slopes
+               const floating[::1] s,    # IN (n,): upper slopes
+               const floating[::1] t,    # IN (n,): upper intercepts
+               floating[::1] acc,        # INOUT (K,): += min(A, 0) @ t
+               int num_threads):
+    """Rows A through a ReLU's relaxation (a x <= y <= s x + t): a negative
+    coefficient takes the upper line, others the lower."""
+    cdef StepArgs g
+    cdef floating dummy = 0
+    g.step, g.K, g.C, g.h, g.w, g.H, g.W = STEP_RELU, A.shape[0], 1, 1, A.shape[1], 1, A.shape[1]
+    g.oy = g.ox = NULL
+    g.p0, g.p1, g.p2 = &a[0], &s[0], &t[0]
+    g.A, g.acc = (&A[0, 0] if A.size else NULL), &acc[0] if g.K else NULL
+    if A.size:
+        with nogil:
+            _run_step(&g, &dummy, num_threads)
+
+
+def crown_box(floating[:, ::1] A,        # IN (K, n): coefficient rows
+              const floating[::1] lo,    # IN (n,): the box
+              const floating[::1] hi,
+              floating[::1] acc,         # INOUT (K,): += the least of A x on the box
+              int num_threads):
+    """Each row's lower bound over the box [lo, hi], added to acc."""
+    cdef StepArgs g
+    cdef floating dummy = 0
+    g.step, g.K, g.C, g.h, g.w, g.H, g.W = STEP_BOX, A.shape[0], 1, 1, A.shape[1], 1, A.shape[1]
+    g.oy = g.ox = NULL
+    g.p0, g.p1, g.p2 = &lo[0], &hi[0], NULL
+    g.A, g.acc = (&A[0, 0] if A.size else NULL), &acc[0] if g.K else NULL
+    if A.size:
+        with nogil:
+            _run_step(&g, &dummy, num_threads)
+
+
+def crown_relu_patches(floating[:, :, :, ::1] A,     # INOUT (K, C, h, w)
+                       const int64_t[::1] oy,        # IN (K,): window origins
+                       const int64_t[::1] ox,
+                       const floating[:, :, ::1] a,  # IN (C, H, W): the relaxation
+                       const floating[:, :, ::1] s,
+                       const floating[:, :, ::1] t,
+                       floating[::1] acc,            # INOUT (K,)
+                       int num_threads):
+    """crown_relu on patches; coefficients outside the layer become 0."""
+    cdef StepArgs g
+    cdef floating dummy = 0
+    g.step = STEP_RELU
+    _set_window(&g, A, oy, ox, a.shape[1], a.shape[2])
+    g.p0, g.p1, g.p2 = &a[0, 0, 0], &s[0, 0, 0], &t[0, 0, 0]
+    g.acc = &acc[0] if g.K else NULL
+    if A.size:
+        with nogil:
+            _run_step(&g, &dummy, num_threads)
+
+
+def crown_affine_patches(floating[:, :, :, ::1] A,        # INOUT (K, C, h, w)
+                         const int64_t[::1] oy,           # IN (K,): window origins
+                         const int64_t[::1] ox,
+                         const floating[:, :, ::1] scale,  # IN (C, H, W) or None (1)
+                         const floating[:, :, ::1] bias,   # IN (C, H, W)
+                         floating[::1] acc,                # INOUT (K,): += A . bias
+                         int num_threads):
+    """Patches through y = scale x + bias; coefficients outside the layer
+    become 0."""
+    cdef StepArgs g
+    cdef floating dummy = 0
+    g.step = STEP_AFFINE
+    _set_window(&g, A, oy, ox, bias.shape[1], bias.shape[2])
+    g.p0 = NULL
+    if scale is not None:
+        g.p0 = &scale[0, 0, 0]
+    g.p1, g.p2 = &bias[0, 0, 0], NULL
+    g.acc = &acc[0] if g.K else NULL
+    if A.size:
+        with nogil:
+            _run_step(&g, &dummy, num_threads)
+
+
+def crown_box_patches(floating[:, :, :, ::1] A,       # IN (K, C, h, w)
+                      const int64_t[::1] oy,          # IN (K,): window origins
+                      const int64_t[::1] ox,
+                      const floating[:, :, ::1] lo,   # IN (C, H, W): the box
+                      const floating[:, :, ::1] hi,
+                      floating[::1] acc,              # INOUT (K,)
+                      int num_threads):
+    """crown_box on patches (coefficients outside the layer are left out)."""
+    cdef StepArgs g
+    cdef floating dummy = 0
+    g.step = STEP_BOX
+    _set_window(&g, A, oy, ox, lo.shape[1], lo.shape[2])
+    g.p0, g.p1, g.p2 = &lo[0, 0, 0], &hi[0, 0, 0], NULL
+    g.acc = &acc[0] if g.K else NULL
+    if A.size:
+        with nogil:
+            _run_step(&g, &dummy, num_threads)

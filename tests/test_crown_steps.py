@@ -1,0 +1,112 @@
+"""The compiled back-substitution steps of cypool.verify (_kernels/_crown.pxi)
+against plain numpy, on whole rows and on windows that run off the layer."""
+import numpy as np
+import pytest
+
+from cypool._backend import kernel
+
+TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+
+
+def coefficients(rng, shape, dt):
+    """Random coefficients with exact zeros (the ReLU's tie) and a NaN."""
+    A = rng.standard_normal(shape)
+    A[rng.random(shape) < 0.2] = 0
+    A.reshape(-1)[rng.integers(A.size)] = np.nan
+    return A.astype(dt)
+
+
+def relaxation(rng, shape, dt):
+    return tuple(rng.uniform(0, 2, shape).astype(dt) for _ in range(3))
+
+
+def relu_ref(A, a, s, t):
+    """(A through the relaxation, the rows' sum of min(A, 0) t), in float64."""
+    A = A.astype(np.float64)
+    return A * np.where(A < 0, s, a), (np.minimum(A, 0) * t).sum(axis=1)
+
+
+def box_ref(A, lo, hi):
+    A = A.astype(np.float64)
+    return (np.maximum(A, 0) * lo + np.minimum(A, 0) * hi).sum(axis=1)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 37, 256])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_relu_and_box_steps_on_whole_rows(rng, dt, n, threads):
+    K = int(rng.integers(1, 12))
+    A = coefficients(rng, (K, n), dt)
+    a, s, t = relaxation(rng, n, dt)
+    start = rng.standard_normal(K).astype(dt)
+    want_A, want_acc = relu_ref(A, a, s, t)
+    got_A, got_acc = A.copy(), start.copy()
+    kernel("crown_relu", np.dtype(dt))(got_A, a, s, t, got_acc, threads)
+    np.testing.assert_allclose(got_A, want_A, **TOL[dt])
+    np.testing.assert_allclose(got_acc, start + want_acc, **TOL[dt])
+
+    lo = rng.standard_normal(n).astype(dt)
+    hi = (lo + rng.uniform(0, 1, n)).astype(dt)
+    got = start.copy()
+    kernel("crown_box", np.dtype(dt))(A, lo, hi, got, threads)
+    np.testing.assert_allclose(got, start + box_ref(A, lo, hi), **TOL[dt])
+    assert np.isnan(got).sum() == np.isnan(A).any(axis=1).sum() >= 1
+
+
+def windows(arr, oy, ox, h, w):
+    """arr (C, H, W) over each window: (K, C, h, w), zero outside arr."""
+    C, H, W = arr.shape
+    out = np.zeros((len(oy), C, h, w))
+    for k in range(len(oy)):
+        for i in range(h):
+            for j in range(w):
+                y, x = oy[k] + i, ox[k] + j
+                if 0 <= y < H and 0 <= x < W:
+                    out[k, :, i, j] = arr[:, y, x]
+    return out
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_patch_steps_zero_what_falls_outside_the_layer(rng, dt, threads):
+    for trial in range(6):
+        C, H, W = (int(v) for v in rng.integers(1, 12, 3))
+        h, w = (int(v) for v in rng.integers(1, 14, 2))
+        K = int(rng.integers(1, 30))
+        # origins from wholly before the layer to wholly past it
+        oy = rng.integers(-h - 1, H + 2, K).astype(np.int64)
+        ox = rng.integers(-w - 1, W + 2, K).astype(np.int64)
+        A = coefficients(rng, (K, C, h, w), dt)
+        inside = windows(np.ones((C, H, W)), oy, ox, h, w)
+        flat = (K, -1)
+
+        # what falls outside is dropped: a NaN there reaches nothing
+        A_in = np.where(inside.reshape(flat) > 0, A.reshape(flat), 0)
+        a, s, t = relaxation(rng, (C, H, W), dt)
+        wa, ws, wt = (windows(v, oy, ox, h, w).reshape(flat) for v in (a, s, t))
+        want_A, want_acc = relu_ref(A_in, wa, ws, wt)
+        got_A, got_acc = A.copy(), np.zeros(K, dt)
+        kernel("crown_relu_patches", np.dtype(dt))(got_A, oy, ox, a, s, t, got_acc, threads)
+        np.testing.assert_allclose(got_A.reshape(flat), want_A, **TOL[dt])
+        np.testing.assert_allclose(got_acc, want_acc, **TOL[dt])
+
+        scale = rng.standard_normal((C, H, W)).astype(dt)
+        bias = rng.standard_normal((C, H, W)).astype(dt)
+        wb = windows(bias, oy, ox, h, w).reshape(flat)
+        want_acc = (A_in.astype(np.float64) * wb).sum(axis=1)
+        for sc in (scale, None):
+            mult = inside if sc is None else windows(sc, oy, ox, h, w)
+            got_A, got_acc = A.copy(), np.zeros(K, dt)
+            kernel("crown_affine_patches", np.dtype(dt))(got_A, oy, ox, sc, bias, got_acc, threads)
+            want_A = A_in * mult.reshape(flat)
+            np.testing.assert_allclose(got_A.reshape(flat), want_A, **TOL[dt])
+            np.testing.assert_allclose(got_acc, want_acc, **TOL[dt])
+
+        A = np.nan_to_num(A)
+        lo = rng.standard_normal((C, H, W)).astype(dt)
+        hi = (lo + rng.uniform(0, 1, (C, H, W))).astype(dt)
+        want = box_ref(A.reshape(flat) * inside.reshape(flat), windows(lo, oy, ox, h, w).reshape(flat),
+                       windows(hi, oy, ox, h, w).reshape(flat))
+        got = np.zeros(K, dt)
+        kernel("crown_box_patches", np.dtype(dt))(A, oy, ox, lo, hi, got, threads)
+        np.testing.assert_allclose(got, want, **TOL[dt])
