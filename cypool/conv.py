@@ -89,7 +89,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=None, n
 
 
 def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
-                    needs_input_grad=True, needs_weight_grad=True, num_threads=None):
+                    needs_input_grad=True, needs_weight_grad=True, grad_x_out=None,
+                    num_threads=None):
     """Gradients of :func:`conv2d`.
 
     Parameters
@@ -99,6 +100,11 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
         As given to the forward call.
     needs_input_grad, needs_weight_grad : bool, keyword-only
         Skip a gradient that is not needed (it is returned as None).
+    grad_x_out : ndarray, optional, keyword-only
+        C-contiguous array of x's shape and dtype to write grad_x into (and
+        return), not overlapping grad_output or weight: for loops that reuse
+        their buffers (a fresh array's pages fault in on its first write).
+        Only with needs_input_grad.
     num_threads : int or None, keyword-only
 
     Returns
@@ -111,30 +117,41 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     grad_bias : ndarray, shape (O,)
         The sum of grad_output over the batch and positions.
     """
-    grads = kernel("memo_backward")(engine.CONV2D, grad_output, x, weight, stride, padding,
-                                    dilation, needs_input_grad, needs_weight_grad, num_threads)
-    if grads is not None:  # a repeat of a checked small stride-1 call
-        return grads
+    if grad_x_out is None:
+        grads = kernel("memo_backward")(engine.CONV2D, grad_output, x, weight, stride, padding,
+                                        dilation, needs_input_grad, needs_weight_grad, num_threads)
+        if grads is not None:  # a repeat of a checked small stride-1 call
+            return grads
     xc, weight, batched, plan = engine.checked(engine.CONV2D, _checks, x, weight, stride, padding,
                                                dilation)
     dt = xc.dtype
     shape = plan.out_shape if batched else plan.out_shape[1:]
     g = chk.grad_output_arg(grad_output, dt, shape)
     nt = chk.num_threads_arg(num_threads)
+    if grad_x_out is not None:
+        if not needs_input_grad:
+            raise ValueError("grad_x_out needs needs_input_grad=True")
+        gx = chk.out_arg(grad_x_out, xc.shape, dt, "grad_x_out")
+        chk.no_overlap(gx, g, "grad_x_out", "grad_output")
+        chk.no_overlap(gx, weight, "grad_x_out", "weight")
     if plan.direct:
-        engine.remember(engine.CONV2D, x, weight, stride, padding, dilation, shape, dt,
-                        plan.direct, batched)
-        grad_x, grad_w, grad_bias = engine.grads_like(xc, weight, needs_input_grad,
-                                                      needs_weight_grad)
+        if grad_x_out is None:
+            engine.remember(engine.CONV2D, x, weight, stride, padding, dilation, shape, dt,
+                            plan.direct, batched)
+        fresh_x = needs_input_grad and grad_x_out is None
+        grad_x, grad_w, grad_bias = engine.grads_like(xc, weight, fresh_x, needs_weight_grad)
+        if grad_x_out is not None:
+            grad_x = gx
         engine.direct_backward(g, xc, weight, grad_x, grad_w, grad_bias, plan.direct, batched)
         return grad_x, grad_w, grad_bias
     x4 = xc if batched else xc[None]
     g4 = g if batched else g[None]
     grad_x = grad_w = None
     if needs_input_grad:
-        gx = np.empty(x4.shape, dtype=dt)
-        engine.input_grad_into(gx, g4, weight, plan, nt)
-        grad_x = gx if batched else gx[0]
+        if grad_x_out is None:
+            gx = np.empty(xc.shape, dtype=dt)
+        engine.input_grad_into(gx if batched else gx[None], g4, weight, plan, nt)
+        grad_x = gx
     if needs_weight_grad:
         O = weight.shape[0]
         gw = np.empty((O, weight[0].size), dtype=dt)

@@ -403,6 +403,40 @@ def test_out_argument(rng):
         cypool.conv2d(alias, np.ones((1, 1, 1, 1), np.float32), out=alias)
 
 
+@pytest.mark.parametrize("geo", [dict(stride=1, padding=1, dilation=1),   # direct, then tiled
+                                 dict(stride=2, padding=1, dilation=1),   # col2im
+                                 dict(stride=1, padding=0, dilation=2)])  # direct
+def test_grad_x_out_argument(rng, geo):
+    """grad_x written into a poisoned grad_x_out equals the loop reference,
+    batched and not, whichever kernel the call takes."""
+    pad = ((geo["padding"],) * 2,) * 2
+    for N, C, H, O in [(2, 3, 9, 4), (3, 8, 20, 16)]:
+        x = rng.standard_normal((N, C, H, H))
+        w = rng.standard_normal((O, C, 3, 3))
+        g = rng.standard_normal(cypool.conv2d(x, w, **geo).shape)
+        rgx, _, _ = ref.conv2d_backward(g, x, w, (geo["stride"],) * 2, pad, (geo["dilation"],) * 2)
+        out = np.full(x.shape, np.nan)
+        gx, gw, _ = cypool.conv2d_backward(g, x, w, **geo, grad_x_out=out)
+        assert gx is out and gw is not None
+        np.testing.assert_allclose(out, rgx, rtol=1e-10, atol=1e-10)
+        out1 = np.full(x.shape[1:], np.nan)
+        gx1 = cypool.conv2d_backward(g[1], x[1], w, **geo, grad_x_out=out1, needs_weight_grad=False)[0]
+        assert gx1 is out1
+        np.testing.assert_allclose(out1, rgx[1], rtol=1e-10, atol=1e-10)
+    for bad, exc in [(np.empty(x.shape[:-1] + (H + 1,)), ValueError),
+                     (np.empty(x.shape, np.float32), TypeError),
+                     (np.empty(x.shape[:-1] + (2 * H,))[..., ::2], ValueError),
+                     ([0.0], TypeError)]:
+        with pytest.raises(exc, match="grad_x_out"):
+            cypool.conv2d_backward(g, x, w, **geo, grad_x_out=bad)
+    with pytest.raises(ValueError, match="grad_x_out"):
+        cypool.conv2d_backward(g, x, w, **geo, grad_x_out=np.empty(x.shape), needs_input_grad=False)
+    alias = np.zeros(max(g.size, x.size))
+    with pytest.raises(ValueError, match="grad_x_out must not overlap grad_output"):
+        cypool.conv2d_backward(alias[:g.size].reshape(g.shape), x, w, **geo,
+                               grad_x_out=alias[:x.size].reshape(x.shape))
+
+
 def test_gradients_not_asked_for_are_none(rng):
     x = rng.standard_normal((1, 2, 6, 6))
     w = rng.standard_normal((3, 2, 3, 3))
