@@ -469,6 +469,34 @@ def test_patches_give_the_whole_back_substitution(rng):
     assert not _patches.patchable(ops[:2]) and not _patches.patchable(ops[:5])
 
 
+def test_kept_buffers_give_the_bounds_of_fresh_arrays(rng):
+    """Bounds computed into the net's kept buffers, box after box (rows of
+    different counts), equal those computed into fresh arrays."""
+    from cypool.verify._net import Conv, Dense, Reshape
+
+    c1 = Conv(rng.standard_normal((4, 2, 3, 3)), rng.standard_normal(4), (2, 9, 8), (2, 1), (1, 1, 1, 0), (1, 1))
+    c2 = Conv(rng.standard_normal((3, 4, 3, 2)), rng.standard_normal(3), c1.out_shape, (1, 2), (1, 0, 1, 1), (1, 1))
+    n = int(np.prod(c2.out_shape))
+    ops = [c1, ReLU(c1.out_shape), c2, ReLU(c2.out_shape), Reshape(c2.out_shape, (n,)),
+           Dense(rng.standard_normal((7, n)), rng.standard_normal(7)), ReLU((7,)),
+           Dense(rng.standard_normal((3, 7)), rng.standard_normal(3))]
+    kept = verify.Net(ops, (2, 9, 8), np.float64)
+    fresh = verify.Net(ops, (2, 9, 8), np.float64)
+    fresh.buffers = None
+    C = rng.standard_normal((5, 3))
+    boxes = []
+    for width in (0.3, 1.0, 0.05):
+        lo = rng.standard_normal(kept.n_inputs)
+        boxes.append((lo, lo + rng.uniform(0, width, lo.size)))
+    for lo, hi in boxes + boxes[::-1]:
+        got, want = bounds(kept, lo, hi), bounds(fresh, lo, hi)
+        for i in want[0]:
+            np.testing.assert_array_equal(got[0][i][0], want[0][i][0])
+            np.testing.assert_array_equal(got[0][i][1], want[0][i][1])
+        np.testing.assert_array_equal(output_lower(kept, got[1], got[2], C, lo, hi),
+                                      output_lower(fresh, want[1], want[2], C, lo, hi))
+
+
 def test_dense_rows_give_the_one_hot_back_substitution(rng):
     """A dense layer's neurons bounded from its rows equal e_r pushed back
     through the whole chain."""

@@ -56,12 +56,12 @@ def relaxation(l, u):
     return a, s, t
 
 
-def _backsub(ops, relax, A, lo, hi, const=None, nt=0):
+def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None):
     """Lower bounds of the rows of A (K, *shape of ops[-1]'s output), plus
     const, over the box [lo, hi] (flat, contiguous), as computed (no
     rounding charge). A and const are consumed: changed in place where
     they are contiguous arrays of the net's dtype. nt: threads (0: OpenMP's
-    default)."""
+    default); buffers: the net's Buffers for the transposed maps, or None."""
     K = A.shape[0]
     dt = A.dtype
     const = np.zeros(K, dt) if const is None else const
@@ -78,7 +78,7 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0):
         else:
             if op.bias is not None:
                 const += A.reshape(K, -1) @ op.bias.reshape(-1)
-            A = op.T(A)
+            A = op.T(A, buffers=buffers)
     Af = np.ascontiguousarray(A.reshape(K, -1))
     kernel("crown_box", dt)(Af, lo, hi, const, threads_for(nt, Af.size, K))
     return const
@@ -122,22 +122,27 @@ class _Charge:
         return 2 * self.gam * (np.abs(C).reshape(K, -1) @ self.F.reshape(-1)) + np.finfo(self.dt).tiny
 
 
-def _rows(ops, relax, rows, lo, hi, nt=0):
+def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
     ops[-1]'s output: in patches where ops allow it, else whole."""
     if patchable(ops):
-        return backsub_rows(ops, relax, rows, lo, hi, nt)
+        return backsub_rows(ops, relax, rows, lo, hi, nt, buffers)
     last = ops[-1]
-    if isinstance(last, Dense):  # e_r through it: its row r
-        W, b = last.W[rows], last.bias[rows]
-        A = np.concatenate([W, -W]).reshape((-1,) + last.in_shape)
-        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt)
+    if isinstance(last, Dense):  # e_r through it: its row r, then -e_r
+        K = rows.size
+        shape = (2 * K, last.W.shape[1])
+        A = np.empty(shape, lo.dtype) if buffers is None else buffers.get(("rows", id(last)), shape, lo.dtype)
+        np.take(last.W, rows, axis=0, out=A[:K])
+        np.negative(A[:K], out=A[K:])
+        b = last.bias[rows]
+        A = A.reshape((-1,) + last.in_shape)
+        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers)
     else:
         n = int(np.prod(last.out_shape))
         A = np.zeros((2 * rows.size, n), lo.dtype)
         A[np.arange(rows.size), rows] = 1
         A[rows.size + np.arange(rows.size), rows] = -1
-        lb = _backsub(ops, relax, A.reshape((-1,) + last.out_shape), lo, hi, None, nt)
+        lb = _backsub(ops, relax, A.reshape((-1,) + last.out_shape), lo, hi, None, nt, buffers)
     return lb[:rows.size], lb[rows.size:]
 
 
@@ -180,7 +185,7 @@ def bounds(net, lo, hi, *, charge=True):
         if relax or affine_since_relu > 1:
             rows = np.flatnonzero((l < 0) & (u > 0))
             if rows.size:
-                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi, nt)
+                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi, nt, net.buffers)
                 if ch is not None:
                     lower -= ch.of_rows(rows)
                     neg_upper -= ch.of_rows(rows)
@@ -205,6 +210,6 @@ def output_lower(net, relax, charge, C, lo, hi):
     A = np.array(C, dt).reshape((-1,) + net.ops[-1].out_shape)  # a copy: _backsub consumes it
     ch = None if charge is None else charge.of(A)
     lb = _backsub(net.ops, relax, A, np.ascontiguousarray(lo, dt), np.ascontiguousarray(hi, dt),
-                  None, chk.num_threads_arg(net.num_threads))
+                  None, chk.num_threads_arg(net.num_threads), net.buffers)
     return lb if ch is None else lb - ch
 

@@ -50,18 +50,22 @@ def _origin(conv, y, x):
     return y * conv.stride[0] - top, x * conv.stride[1] - left
 
 
-def backsub_rows(ops, relax, rows, lo, hi, nt=0):
+def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
     ops[-1]'s output, over the box [lo, hi] (flat), as computed (no
     rounding charge): two arrays of len(rows). ops: patchable; nt:
-    threads (0: OpenMP's default)."""
+    threads (0: OpenMP's default); buffers: the net's Buffers, or None."""
     last = ops[-1]
     dt = last.w.dtype
     O, OH, OW = last.out_shape
     o, rem = np.divmod(rows, OH * OW)
     y, x = np.divmod(rem, OW)
     wd = _dilated(last)
-    A = np.concatenate([wd[o], -wd[o]])  # (2K, C, kh, kw): +e_r, then -e_r
+    n = len(rows)
+    shape = (2 * n,) + wd.shape[1:]
+    A = np.empty(shape, dt) if buffers is None else buffers.get(("rows", id(last)), shape, dt)
+    np.take(wd, o, axis=0, out=A[:n])  # +e_r, then -e_r
+    np.negative(A[:n], out=A[n:])
     b = last.bias[o, y, x]
     const = np.concatenate([b, -b])
     oy, ox = _origin(last, y, x)
@@ -82,13 +86,13 @@ def backsub_rows(ops, relax, rows, lo, hi, nt=0):
             wd = _dilated(op)
             sh, sw = op.stride
             Hn, Wn = (h - 1) * sh + wd.shape[2], (w - 1) * sw + wd.shape[3]
-            A, _, _ = conv2d_backward(A, np.broadcast_to(np.zeros((), dt), (K, wd.shape[1], Hn, Wn)),
-                                      wd, op.stride, 0, 1, needs_weight_grad=False, num_threads=nt or None)
-            A = np.ascontiguousarray(A)
+            shape = (K, wd.shape[1], Hn, Wn)
+            out = None if buffers is None else buffers.get(("patches", id(op)), shape, dt)
+            A, _, _ = conv2d_backward(A, np.broadcast_to(np.zeros((), dt), shape), wd, op.stride, 0, 1,
+                                      needs_weight_grad=False, grad_x_out=out, num_threads=nt or None)
             oy, ox = _origin(op, oy, ox)
     shape = ops[0].in_shape
     kernel("crown_box_patches", dt)(A, oy, ox, np.ascontiguousarray(lo, dt).reshape(shape),
                                     np.ascontiguousarray(hi, dt).reshape(shape), const,
                                     threads_for(nt, A.size, A.shape[0]))
-    n = len(rows)
     return const[:n], const[n:]
