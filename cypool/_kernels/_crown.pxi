@@ -162,11 +162,10 @@ cdef void _run_step(const StepArgs* g, floating* dummy, int num_threads) noexcep
 
 cdef void _set_window(StepArgs* g, floating[:, :, :, ::1] A, const int64_t[::1] oy,
                       const int64_t[::1] ox, Py_ssize_t H, Py_ssize_t W):
+    """g's rows: A (not empty) at origins (oy, ox) of an (H, W) layer."""
     g.K, g.C, g.h, g.w = A.shape[0], A.shape[1], A.shape[2], A.shape[3]
     g.H, g.W = H, W
-    g.oy = &oy[0] if g.K else NULL
-    g.ox = &ox[0] if g.K else NULL
-    g.A = &A[0, 0, 0, 0] if A.size else NULL
+    g.oy, g.ox, g.A = &oy[0], &ox[0], &A[0, 0, 0, 0]
 
 
 def crown_relu(floating[:, ::1] A,       # INOUT (K, n): coefficient rows
@@ -179,13 +178,14 @@ def crown_relu(floating[:, ::1] A,       # INOUT (K, n): coefficient rows
     coefficient takes the upper line, others the lower."""
     cdef StepArgs g
     cdef floating dummy = 0
+    if A.size == 0:
+        return
     g.step, g.K, g.C, g.h, g.w, g.H, g.W = STEP_RELU, A.shape[0], 1, 1, A.shape[1], 1, A.shape[1]
     g.oy = g.ox = NULL
     g.p0, g.p1, g.p2 = &a[0], &s[0], &t[0]
-    g.A, g.acc = (&A[0, 0] if A.size else NULL), &acc[0] if g.K else NULL
-    if A.size:
-        with nogil:
-            _run_step(&g, &dummy, num_threads)
+    g.A, g.acc = &A[0, 0], &acc[0]
+    with nogil:
+        _run_step(&g, &dummy, num_threads)
 
 
 def crown_box(floating[:, ::1] A,        # IN (K, n): coefficient rows
@@ -196,13 +196,14 @@ def crown_box(floating[:, ::1] A,        # IN (K, n): coefficient rows
     """Each row's lower bound over the box [lo, hi], added to acc."""
     cdef StepArgs g
     cdef floating dummy = 0
+    if A.size == 0:
+        return
     g.step, g.K, g.C, g.h, g.w, g.H, g.W = STEP_BOX, A.shape[0], 1, 1, A.shape[1], 1, A.shape[1]
     g.oy = g.ox = NULL
     g.p0, g.p1, g.p2 = &lo[0], &hi[0], NULL
-    g.A, g.acc = (&A[0, 0] if A.size else NULL), &acc[0] if g.K else NULL
-    if A.size:
-        with nogil:
-            _run_step(&g, &dummy, num_threads)
+    g.A, g.acc = &A[0, 0], &acc[0]
+    with nogil:
+        _run_step(&g, &dummy, num_threads)
 
 
 def crown_relu_patches(floating[:, :, :, ::1] A,     # INOUT (K, C, h, w)
@@ -216,13 +217,14 @@ def crown_relu_patches(floating[:, :, :, ::1] A,     # INOUT (K, C, h, w)
     """crown_relu on patches; coefficients outside the layer become 0."""
     cdef StepArgs g
     cdef floating dummy = 0
+    if A.size == 0:
+        return
     g.step = STEP_RELU
     _set_window(&g, A, oy, ox, a.shape[1], a.shape[2])
     g.p0, g.p1, g.p2 = &a[0, 0, 0], &s[0, 0, 0], &t[0, 0, 0]
-    g.acc = &acc[0] if g.K else NULL
-    if A.size:
-        with nogil:
-            _run_step(&g, &dummy, num_threads)
+    g.acc = &acc[0]
+    with nogil:
+        _run_step(&g, &dummy, num_threads)
 
 
 def crown_affine_patches(floating[:, :, :, ::1] A,        # INOUT (K, C, h, w)
@@ -236,16 +238,17 @@ def crown_affine_patches(floating[:, :, :, ::1] A,        # INOUT (K, C, h, w)
     become 0."""
     cdef StepArgs g
     cdef floating dummy = 0
+    if A.size == 0:
+        return
     g.step = STEP_AFFINE
     _set_window(&g, A, oy, ox, bias.shape[1], bias.shape[2])
     g.p0 = NULL
     if scale is not None:
         g.p0 = &scale[0, 0, 0]
     g.p1, g.p2 = &bias[0, 0, 0], NULL
-    g.acc = &acc[0] if g.K else NULL
-    if A.size:
-        with nogil:
-            _run_step(&g, &dummy, num_threads)
+    g.acc = &acc[0]
+    with nogil:
+        _run_step(&g, &dummy, num_threads)
 
 
 def crown_box_patches(floating[:, :, :, ::1] A,       # IN (K, C, h, w)
@@ -258,10 +261,11 @@ def crown_box_patches(floating[:, :, :, ::1] A,       # IN (K, C, h, w)
     """crown_box on patches (coefficients outside the layer are left out)."""
     cdef StepArgs g
     cdef floating dummy = 0
+    if A.size == 0:
+        return
     g.step = STEP_BOX
     _set_window(&g, A, oy, ox, lo.shape[1], lo.shape[2])
     g.p0, g.p1, g.p2 = &lo[0, 0, 0], &hi[0, 0, 0], NULL
-    g.acc = &acc[0] if g.K else NULL
-    if A.size:
-        with nogil:
-            _run_step(&g, &dummy, num_threads)
+    g.acc = &acc[0]
+    with nogil:
+        _run_step(&g, &dummy, num_threads)
