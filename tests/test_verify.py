@@ -4,6 +4,7 @@ exceed the exact bound of their relaxation (rational arithmetic), verdicts
 that agree with an attack, the command line, and the bad-input battery."""
 import csv
 import os
+import pickle
 import sys
 
 import numpy as np
@@ -495,6 +496,10 @@ def test_kept_buffers_give_the_bounds_of_fresh_arrays(rng):
             np.testing.assert_array_equal(got[0][i][1], want[0][i][1])
         np.testing.assert_array_equal(output_lower(kept, got[1], got[2], C, lo, hi),
                                       output_lower(fresh, want[1], want[2], C, lo, hi))
+    # a net with buffers still pickles (for Dask or multiprocessing), without them
+    again = pickle.loads(pickle.dumps(kept))
+    assert not again.buffers._local.__dict__
+    np.testing.assert_array_equal(bounds(again, lo, hi)[0][3][0], bounds(fresh, lo, hi)[0][3][0])
 
 
 def test_dense_rows_give_the_one_hot_back_substitution(rng):

@@ -169,6 +169,9 @@ class Buffers:
     def __init__(self):
         self._local = threading.local()
 
+    def __reduce__(self):  # a copy or a pickled net starts with none kept
+        return (Buffers, ())
+
     def get(self, key, shape, dtype):
         """A C-contiguous array of shape: the first shape[0] rows of the
         one kept for key, shape[1:] and dtype, which grows as needed."""
