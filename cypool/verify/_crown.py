@@ -131,7 +131,8 @@ def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     if isinstance(last, Dense):  # e_r through it: its row r, then -e_r
         K = rows.size
         shape = (2 * K, last.W.shape[1])
-        A = np.empty(shape, lo.dtype) if buffers is None else buffers.get(("rows", id(last)), shape, lo.dtype)
+        A = (np.empty(shape, lo.dtype) if buffers is None
+             else buffers.get(("rows", id(last)), shape, lo.dtype))
         np.take(last.W, rows, axis=0, out=A[:K])
         np.negative(A[:K], out=A[K:])
         b = last.bias[rows]
