@@ -102,9 +102,10 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
         Skip a gradient that is not needed (it is returned as None).
     grad_x_out : ndarray, optional, keyword-only
         C-contiguous array of x's shape and dtype to write grad_x into (and
-        return), not overlapping grad_output or weight: for loops that reuse
-        their buffers (a fresh array's pages fault in on its first write).
-        Only with needs_input_grad.
+        return), not overlapping grad_output or weight (nor x, with
+        needs_weight_grad): for loops that reuse their buffers (a fresh
+        array's pages fault in on its first write). Only with
+        needs_input_grad.
     num_threads : int or None, keyword-only
 
     Returns
@@ -134,6 +135,8 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
         gx = chk.out_arg(grad_x_out, xc.shape, dt, "grad_x_out")
         chk.no_overlap(gx, g, "grad_x_out", "grad_output")
         chk.no_overlap(gx, weight, "grad_x_out", "weight")
+        if needs_weight_grad:  # x is read for the weight gradient
+            chk.no_overlap(gx, xc, "grad_x_out", "x")
     if plan.direct:
         if grad_x_out is None:
             engine.remember(engine.CONV2D, x, weight, stride, padding, dilation, shape, dt,

@@ -435,6 +435,12 @@ def test_grad_x_out_argument(rng, geo):
     with pytest.raises(ValueError, match="grad_x_out must not overlap grad_output"):
         cypool.conv2d_backward(alias[:g.size].reshape(g.shape), x, w, **geo,
                                grad_x_out=alias[:x.size].reshape(x.shape))
+    with pytest.raises(ValueError, match="grad_x_out must not overlap x"):
+        cypool.conv2d_backward(g, x, w, **geo, grad_x_out=x)
+    # without the weight gradient x is not read: x's own array may take grad_x
+    x2 = x.copy()
+    cypool.conv2d_backward(g, x2, w, **geo, grad_x_out=x2, needs_weight_grad=False)
+    np.testing.assert_allclose(x2, rgx, rtol=1e-10, atol=1e-10)
 
 
 def test_gradients_not_asked_for_are_none(rng):
