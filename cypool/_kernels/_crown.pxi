@@ -10,7 +10,8 @@
 
 
 # The spans select by arithmetic, never by a conditional load: gcc 12.2 at
-# -O3 -march=x86-64-v3 summed `v * (lo[j] if v > 0 else hi[j])` wrongly.
+# -O3 with 256-bit vectors (the avx2 and avx512 modules) summed
+# `v * (lo[j] if v > 0 else hi[j])` wrongly.
 # neg is v's negative part, NaN for a NaN v: a NaN coefficient reaches
 # its row's sum, as in numpy's min(A, 0) @ t.
 
