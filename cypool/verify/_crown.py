@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import _checks as chk
 from .._backend import kernel, threads_for
-from ._net import Dense, Reshape, ReLU
+from ._net import Dense, Reshape, ReLU, signed_rows
 from ._patches import backsub_rows, patchable
 
 __all__ = ["bounds", "output_lower"]
@@ -129,14 +129,8 @@ def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
         return backsub_rows(ops, relax, rows, lo, hi, nt, buffers)
     last = ops[-1]
     if isinstance(last, Dense):  # e_r through it: its row r, then -e_r
-        K = rows.size
-        shape = (2 * K, last.W.shape[1])
-        A = (np.empty(shape, lo.dtype) if buffers is None
-             else buffers.get(("rows", id(last)), shape, lo.dtype))
-        np.take(last.W, rows, axis=0, out=A[:K])
-        np.negative(A[:K], out=A[K:])
+        A = signed_rows(last.W, rows, buffers, ("rows", id(last))).reshape((-1,) + last.in_shape)
         b = last.bias[rows]
-        A = A.reshape((-1,) + last.in_shape)
         lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers)
     else:
         n = int(np.prod(last.out_shape))

@@ -36,9 +36,7 @@ class Dense:
 
     def T(self, A, absolute=False, buffers=None):
         W = self.absW() if absolute else self.W
-        if buffers is None:
-            return A @ W
-        return np.matmul(A, W, out=buffers.get(("T", id(self)), (A.shape[0], W.shape[1]), A.dtype))
+        return np.matmul(A, W, out=kept(buffers, ("T", id(self)), (A.shape[0], W.shape[1]), A.dtype))
 
     def radius(self, R):
         """|W| R: the radius of the image of a box of radius R."""
@@ -124,9 +122,7 @@ class Elementwise:
 
     def T(self, A, absolute=False, buffers=None):
         scale = np.abs(self.scale) if absolute else self.scale
-        if buffers is None:
-            return A * scale
-        return np.multiply(A, scale, out=buffers.get(("T", id(self)), A.shape, A.dtype))
+        return np.multiply(A, scale, out=kept(buffers, ("T", id(self)), A.shape, A.dtype))
 
     def radius(self, R):
         return R * np.abs(self.scale)
@@ -181,6 +177,21 @@ class Buffers:
         if a is None or len(a) < shape[0]:
             a = kept[full] = np.empty(shape, dtype)
         return a[:shape[0]]
+
+
+def kept(buffers, key, shape, dtype):
+    """buffers.get(key, shape, dtype); a fresh array where buffers is None."""
+    return np.empty(shape, dtype) if buffers is None else buffers.get(key, shape, dtype)
+
+
+def signed_rows(M, rows, buffers, key):
+    """M's rows (along axis 0), then their negatives: the coefficients of
+    ``y_r`` and ``-y_r``, into kept(buffers, key, ...)."""
+    n = len(rows)
+    A = kept(buffers, key, (2 * n,) + M.shape[1:], M.dtype)
+    np.take(M, rows, axis=0, out=A[:n])
+    np.negative(A[:n], out=A[n:])
+    return A
 
 
 class Net:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._backend import kernel, threads_for
 from ..conv import conv2d_backward
-from ._net import Conv, Elementwise, ReLU
+from ._net import Conv, Elementwise, ReLU, signed_rows
 
 __all__ = ["patchable", "backsub_rows"]
 
@@ -62,10 +62,7 @@ def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     y, x = np.divmod(rem, OW)
     wd = _dilated(last)
     n = len(rows)
-    shape = (2 * n,) + wd.shape[1:]
-    A = np.empty(shape, dt) if buffers is None else buffers.get(("rows", id(last)), shape, dt)
-    np.take(wd, o, axis=0, out=A[:n])  # +e_r, then -e_r
-    np.negative(A[:n], out=A[n:])
+    A = signed_rows(wd, o, buffers, ("rows", id(last)))  # +e_r, then -e_r
     b = last.bias[o, y, x]
     const = np.concatenate([b, -b])
     oy, ox = _origin(last, y, x)
