@@ -156,7 +156,6 @@ class ReLU:
         return np.maximum(X, 0)
 
 
-
 class Buffers:
     """Arrays kept from call to call, one set per thread, for the large
     outputs of back-substitution: a fresh array's pages fault in on its
@@ -171,11 +170,11 @@ class Buffers:
     def get(self, key, shape, dtype):
         """A C-contiguous array of shape: the first shape[0] rows of the
         one kept for key, shape[1:] and dtype, which grows as needed."""
-        kept = self._local.__dict__.setdefault("arrays", {})
+        arrays = self._local.__dict__.setdefault("arrays", {})
         full = (key, tuple(shape[1:]), np.dtype(dtype))
-        a = kept.get(full)
+        a = arrays.get(full)
         if a is None or len(a) < shape[0]:
-            a = kept[full] = np.empty(shape, dtype)
+            a = arrays[full] = np.empty(shape, dtype)
         return a[:shape[0]]
 
 
