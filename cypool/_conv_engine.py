@@ -211,6 +211,19 @@ def grads_like(x, weight, needs_input_grad: bool, needs_weight_grad: bool):
             np.empty(weight.shape[0], dt))
 
 
+def checked_grad_x_out(grad_x_out, g, xc, weight, needs_input_grad: bool,
+                       needs_weight_grad: bool) -> np.ndarray:
+    """A backward call's grad_x_out, checked against its other arrays."""
+    if not needs_input_grad:
+        raise ValueError("grad_x_out needs needs_input_grad=True")
+    gx = chk.out_arg(grad_x_out, xc.shape, xc.dtype, "grad_x_out")
+    chk.no_overlap(gx, g, "grad_x_out", "grad_output")
+    chk.no_overlap(gx, weight, "grad_x_out", "weight")
+    if needs_weight_grad:  # x is read for the weight gradient
+        chk.no_overlap(gx, xc, "grad_x_out", "x")
+    return gx
+
+
 def direct_backward(g, x, weight, gx, gw, gb, d: Direct, batched: bool = True) -> None:
     """gx like x, gw (O, C, kh, kw) or (O, C*kh*kw) and gb (O,), C-contiguous,
     = the gradients; None for one not wanted (x too, without gw)."""
@@ -395,11 +408,12 @@ def tiles_forward(x5, weight, b, out, window: geo.Window, nt: int, skip_zero_tap
 
 
 def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_grad: bool,
-                    needs_weight_grad: bool, nt: int, algo=None):
+                    needs_weight_grad: bool, nt: int, algo=None, gx=None):
     """(grad_x, grad_w, grad_bias) of a checked vector convolution call, by
-    algo (None: the call's). cypool.dask passes the choice of the whole
-    array to each of its E chunks, so that the input gradient of every
-    chunk is the one the whole array gets, bit for bit."""
+    algo (None: the call's), grad_x written into gx (like xc) where given.
+    cypool.dask passes the choice of the whole array to each of its E
+    chunks, so that the input gradient of every chunk is the one the
+    whole array gets, bit for bit."""
     dt = xc.dtype
     geom = call.geom
     kh, kw, sh, sw, ph, pw, dh, dw = geom.window
@@ -407,26 +421,29 @@ def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_
     O = weight.shape[0]
     x5 = xc if batched else xc[None]
     g5 = chk.contiguous(g if batched else g[None], dt)
+    gx5 = None
+    if needs_input_grad:
+        gx5 = np.empty(x5.shape, dt) if gx is None else (gx if batched else gx[None])
     grad_x = grad_w = None
     if algo is None:
         algo = call.backward
     if algo == VectorAlgo.ROWS:
         p = call.flat if call.flat is not None else flat_plan(x5, weight, geom)
-        return _rows_backward(g5, x5, weight, p, batched, needs_input_grad, needs_weight_grad, nt)
+        return _rows_backward(g5, x5, weight, p, batched, needs_input_grad, needs_weight_grad, nt,
+                              gx5)
     if algo == VectorAlgo.IMAGES:
         p = call.plan if call.plan is not None else small_e_plan(x5, weight, geom)
         return _small_e_backward(g5, x5, weight, p, batched, needs_input_grad, needs_weight_grad,
-                                 nt)
+                                 nt, gx5)
     grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
     touched = g5.size + x5.size
     if needs_input_grad:
         w2 = padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
-        gx = np.empty((N, C, H, W, E), dtype=dt)
         threads = threads_for(nt, touched, N * H * W)
         ec = _e_chunk(E, -(-kh // sh), O * geom.OW, dt.itemsize)  # input rows reach ceil(kh/sh) output rows
-        kernel("vector_conv2d_input_grad", dt)(g5, w2, gx, sh, sw, ph, pw, dh, dw, kh, kw, ec,
+        kernel("vector_conv2d_input_grad", dt)(g5, w2, gx5, sh, sw, ph, pw, dh, dw, kh, kw, ec,
                                                threads)
-        grad_x = gx if batched else gx[0]
+        grad_x = gx5 if batched else gx5[0]
     if needs_weight_grad:
         x5c = chk.contiguous(x5, dt)
         # Summed in parts, one a thread outside a crowded spell: the parts,
@@ -441,20 +458,19 @@ def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_
     return grad_x, grad_w, grad_bias
 
 
-def _rows_backward(g5, x5, weight, p: Plan, batched, needs_input_grad, needs_weight_grad, nt):
+def _rows_backward(g5, x5, weight, p: Plan, batched, needs_input_grad, needs_weight_grad, nt, gx):
     """(grad_x, grad_w, grad_bias) of a small-E convolution at column
     stride 1, by conv2d's kernels on the flattened rows (flat_plan), the
     whole batch at once. The input gradient runs the
     same sums as the component images' (the same bits with gcc 12; where
     one way takes the direct kernels and the other the phase tiles, a
     newer gcc contracts them differently); the weight gradient sums the
-    positions in another grouping."""
+    positions in another grouping. gx: x5's shape, for the input gradient."""
     N, C, H, W, E = x5.shape
     O, OH, OW = g5.shape[1:4]
     gf = g5.reshape(N, O, OH, OW * E)
     grad_x = grad_w = None
     if needs_input_grad:
-        gx = np.empty(x5.shape, dtype=x5.dtype)
         input_grad_into(gx.reshape(N, C, H, W * E), gf, weight, p, nt)
         grad_x = gx if batched else gx[0]
     if needs_weight_grad:
@@ -466,15 +482,16 @@ def _rows_backward(g5, x5, weight, p: Plan, batched, needs_input_grad, needs_wei
     return grad_x, grad_w, g5[..., 0].sum(axis=(0, 2, 3))
 
 
-def _small_e_backward(g5, x5, weight, p: Plan, batched, needs_input_grad, needs_weight_grad, nt):
+def _small_e_backward(g5, x5, weight, p: Plan, batched, needs_input_grad, needs_weight_grad, nt,
+                      gx):
     """(grad_x, grad_w, grad_bias) of a small-E convolution, by conv2d's
     kernels on the component images, the weight gradients of successive
     calls added in image order. At E = 1, conv2d's bias gradient (the sum
-    over the one component image) is grad_bias."""
+    over the one component image) is grad_bias. gx: x5's shape, for the
+    input gradient."""
     E = x5.shape[4]
     grad_x = grad_w = grad_bias = None
     if needs_input_grad:
-        gx = np.empty(x5.shape, dtype=x5.dtype)
         for gxi, gi in zip(component_images(gx), component_images(g5)):
             input_grad_into(gxi, gi, weight, p, nt)
         grad_x = gx if batched else gx[0]

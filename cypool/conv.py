@@ -130,13 +130,8 @@ def conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
     g = chk.grad_output_arg(grad_output, dt, shape)
     nt = chk.num_threads_arg(num_threads)
     if grad_x_out is not None:
-        if not needs_input_grad:
-            raise ValueError("grad_x_out needs needs_input_grad=True")
-        gx = chk.out_arg(grad_x_out, xc.shape, dt, "grad_x_out")
-        chk.no_overlap(gx, g, "grad_x_out", "grad_output")
-        chk.no_overlap(gx, weight, "grad_x_out", "weight")
-        if needs_weight_grad:  # x is read for the weight gradient
-            chk.no_overlap(gx, xc, "grad_x_out", "x")
+        gx = engine.checked_grad_x_out(grad_x_out, g, xc, weight, needs_input_grad,
+                                       needs_weight_grad)
     if plan.direct:
         if grad_x_out is None:
             engine.remember(engine.CONV2D, x, weight, stride, padding, dilation, shape, dt,

@@ -77,7 +77,8 @@ def vector_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, *, out=
 
 
 def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation=1, *,
-                           needs_input_grad=True, needs_weight_grad=True, num_threads=None):
+                           needs_input_grad=True, needs_weight_grad=True, grad_x_out=None,
+                           num_threads=None):
     """Gradients of :func:`vector_conv2d`.
 
     Parameters
@@ -87,6 +88,10 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
         As given to the forward call.
     needs_input_grad, needs_weight_grad : bool, keyword-only
         Skip a gradient that is not needed (it is returned as None).
+    grad_x_out : ndarray, optional, keyword-only
+        As for :func:`cypool.conv2d_backward`: a C-contiguous array of x's
+        shape and dtype to write grad_x into (and return), for loops that
+        reuse their buffers. Only with needs_input_grad.
     num_threads : int or None, keyword-only
 
     Returns
@@ -96,17 +101,18 @@ def vector_conv2d_backward(grad_output, x, weight, stride=1, padding=0, dilation
     grad_bias : ndarray of shape (O,)
         The sum of ``grad_output[..., 0]`` over the batch and positions.
     """
-    grads = kernel("memo_backward")(engine.VECTOR_CONV2D, grad_output, x, weight, stride,
-                                    padding, dilation, needs_input_grad, needs_weight_grad,
-                                    num_threads)
-    if grads is not None:  # a repeat of a checked small call at E = 1
-        return grads
+    if grad_x_out is None:
+        grads = kernel("memo_backward")(engine.VECTOR_CONV2D, grad_output, x, weight, stride,
+                                        padding, dilation, needs_input_grad, needs_weight_grad,
+                                        num_threads)
+        if grads is not None:  # a repeat of a checked small call at E = 1
+            return grads
     return _backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad,
-                    needs_weight_grad, num_threads)
+                    needs_weight_grad, num_threads, grad_x_out=grad_x_out)
 
 
 def _backward(grad_output, x, weight, stride, padding, dilation, needs_input_grad, needs_weight_grad,
-             num_threads, algo=None):
+             num_threads, algo=None, grad_x_out=None):
     """vector_conv2d_backward after the C memo; algo, a VectorAlgo, chooses
     the kernels (None: the call's; see engine.vector_backward)."""
     xc, weight, batched, call = engine.checked(engine.VECTOR_CONV2D, engine.vector_checks, x,
@@ -114,12 +120,20 @@ def _backward(grad_output, x, weight, stride, padding, dilation, needs_input_gra
     dt = xc.dtype
     g = chk.grad_output_arg(grad_output, dt, call.out_shape)
     nt = chk.num_threads_arg(num_threads)
+    gx = None
+    if grad_x_out is not None:
+        gx = engine.checked_grad_x_out(grad_x_out, g, xc, weight, needs_input_grad,
+                                       needs_weight_grad)
     if call.direct and algo != VectorAlgo.TILES:  # a small call at E = 1: the direct kernels
-        engine.remember(engine.VECTOR_CONV2D, x, weight, stride, padding, dilation,
-                        call.out_shape, dt, call.direct, batched)
-        grad_x, grad_w, grad_bias = engine.grads_like(xc, weight, needs_input_grad,
+        if gx is None:
+            engine.remember(engine.VECTOR_CONV2D, x, weight, stride, padding, dilation,
+                            call.out_shape, dt, call.direct, batched)
+        grad_x, grad_w, grad_bias = engine.grads_like(xc, weight, needs_input_grad and gx is None,
                                                       needs_weight_grad)
+        grad_x = grad_x if gx is None else gx
         engine.direct_backward(g, xc, weight, grad_x, grad_w, grad_bias, call.direct, batched)
         return grad_x, grad_w, grad_bias
-    return engine.vector_backward(g, xc, weight, batched, call, needs_input_grad,
-                                  needs_weight_grad, nt, algo)
+    grad_x, grad_w, grad_bias = engine.vector_backward(g, xc, weight, batched, call,
+                                                       needs_input_grad, needs_weight_grad, nt,
+                                                       algo, gx)
+    return (grad_x if gx is None else gx), grad_w, grad_bias

@@ -264,6 +264,56 @@ def test_out_argument_bad_input(rng):
         cypool.vector_conv2d(x, wv, b, out=wbuf[100:100 + 1680].reshape(2, 4, 7, 6, 5))
 
 
+@pytest.mark.parametrize("E", [1, 3, 40])
+@pytest.mark.parametrize("algo", list(VectorAlgo))
+def test_grad_x_out_argument(rng, E, algo):
+    """grad_x written into a poisoned grad_x_out equals the reference,
+    batched and not, whichever kernels the call takes, and is returned."""
+    x = rng.standard_normal((2, 3, 9, 8, E))
+    w = rng.standard_normal((4, 3, 3, 2))
+    with force(vector_backward=algo):
+        g = rng.standard_normal(cypool.vector_conv2d(x, w, None, 1, 1).shape)
+        want = ref.vector_conv2d_backward(g, x, w, (1, 1), (1, 1), (1, 1))[0]
+        out = np.full(x.shape, np.nan)
+        gx, gw, gb = cypool.vector_conv2d_backward(g, x, w, 1, 1, grad_x_out=out)
+        assert gx is out and gw is not None
+        np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-10)
+        out1 = np.full(x.shape[1:], np.nan)
+        gx1 = cypool.vector_conv2d_backward(g[1], x[1], w, 1, 1, needs_weight_grad=False,
+                                            grad_x_out=out1)[0]
+        assert gx1 is out1
+        np.testing.assert_allclose(out1, want[1], rtol=1e-10, atol=1e-10)
+
+
+def test_grad_x_out_bad_input(rng):
+    x = rng.standard_normal((2, 3, 9, 8, 5))
+    w = rng.standard_normal((4, 3, 3, 3))
+    g = rng.standard_normal((2, 4, 7, 6, 5))
+    for bad, exc in [(np.empty((2, 3, 9, 8, 4)), ValueError),
+                     (np.empty(x.shape, np.float32), TypeError),
+                     (np.empty((2, 3, 9, 8, 10))[..., ::2], ValueError),
+                     ([0.0], TypeError)]:
+        with pytest.raises(exc, match="grad_x_out"):
+            cypool.vector_conv2d_backward(g, x, w, grad_x_out=bad)
+    with pytest.raises(ValueError, match="grad_x_out needs needs_input_grad"):
+        cypool.vector_conv2d_backward(g, x, w, grad_x_out=np.empty(x.shape), needs_input_grad=False)
+    alias = np.zeros(max(g.size, x.size))
+    with pytest.raises(ValueError, match="grad_x_out must not overlap grad_output"):
+        cypool.vector_conv2d_backward(alias[:g.size].reshape(g.shape), x, w,
+                                      grad_x_out=alias[:x.size].reshape(x.shape))
+    with pytest.raises(ValueError, match="grad_x_out must not overlap x"):
+        cypool.vector_conv2d_backward(g, x, w, grad_x_out=x)
+    wbuf = np.zeros(w.size + x.size)
+    with pytest.raises(ValueError, match="grad_x_out must not overlap weight"):
+        cypool.vector_conv2d_backward(g, x, wbuf[:w.size].reshape(w.shape),
+                                      grad_x_out=wbuf[w.size - 1:-1].reshape(x.shape))
+    # without the weight gradient x is not read: x's own array may take grad_x
+    want = cypool.vector_conv2d_backward(g, x, w, needs_weight_grad=False)[0]
+    x2 = x.copy()
+    cypool.vector_conv2d_backward(g, x2, w, grad_x_out=x2, needs_weight_grad=False)
+    np.testing.assert_array_equal(x2, want)
+
+
 def test_layer_bad_parameters():
     with pytest.raises(ValueError, match="channels"):
         cypool.VectorConv2d(0, 3, 3)
