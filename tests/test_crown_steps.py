@@ -53,6 +53,35 @@ def test_relu_and_box_steps_on_whole_rows(rng, dt, n, threads):
     assert np.isnan(got).sum() == np.isnan(A).any(axis=1).sum() >= 1
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 37, 256])
+def test_column_steps_equal_the_row_steps_on_the_transpose(rng, dt, n):
+    """crown_relu_cols and crown_box_cols on A's transpose (n, K) give
+    crown_relu's and crown_box's results, and the same bits on 1, 2 and 3
+    threads (the neurons are cut in fixed parts, summed in part order)."""
+    K = int(rng.choice([1, 5, 16, 33, 200]))
+    A = coefficients(rng, (K, n), dt)
+    a, s, t = relaxation(rng, n, dt)
+    lo = rng.standard_normal(n).astype(dt)
+    hi = (lo + rng.uniform(0, 1, n)).astype(dt)
+    start = rng.standard_normal(K).astype(dt)
+    want_A, want_acc = relu_ref(A, a, s, t)
+    runs = []
+    for threads in (1, 2, 3):
+        got_A, got_acc = A.T.copy(), start.copy()
+        kernel("crown_relu_cols", np.dtype(dt))(got_A, a, s, t, got_acc, threads)
+        np.testing.assert_allclose(got_A, want_A.T, **TOL[dt])
+        np.testing.assert_allclose(got_acc, start + want_acc, **TOL[dt])
+        box = start.copy()
+        kernel("crown_box_cols", np.dtype(dt))(A.T.copy(), lo, hi, box, threads)
+        np.testing.assert_allclose(box, start + box_ref(A, lo, hi), **TOL[dt])
+        assert np.isnan(box).sum() == np.isnan(A).any(axis=1).sum() >= 1
+        runs.append((got_A, got_acc, box))
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            np.testing.assert_array_equal(x, y)
+
+
 def windows(arr, oy, ox, h, w):
     """arr (C, H, W) over each window: (K, C, h, w), zero outside arr."""
     C, H, W = arr.shape

@@ -7,6 +7,11 @@
 # (K, C, h, w) windows at origins (oy[k], ox[k]) of a (C, H, W) layer; a
 # patch's coefficients outside the layer (a convolution's padding) are
 # set to 0. Rows are split in contiguous shares, one per thread.
+# Or columns, (n, K): neuron j's coefficients of the K rows side by side,
+# each step a pass over them with neuron j's scalars (the layout of the
+# vector convolution's input gradient, E = K); the n neurons are cut in
+# a fixed number of parts, whose sums are added in part order (the same
+# bits on any number of threads), and threads take whole parts.
 
 
 # The spans select by arithmetic, never by a conditional load: gcc 12.2 at
@@ -149,16 +154,80 @@ cdef void _step_rows(const StepArgs* g, floating* dummy, Py_ssize_t start,
         acc[k] += tot
 
 
-cdef void _run_step(const StepArgs* g, floating* dummy, int num_threads) noexcept nogil:
+DEF COL_PARTS = 8
+
+
+cdef void _step_cols(const StepArgs* g, floating* out, Py_ssize_t j0,
+                     Py_ssize_t j1) noexcept nogil:
+    """Rows [j0, j1) of the RELU or BOX step on A (g.w, g.K), each row a pass
+    over its K columns; their sums added to out (K,), summed first in a
+    buffer of the thread's own (out's lines are shared with other parts')."""
+    cdef const floating* x0 = <const floating*>g.p0
+    cdef const floating* x1 = <const floating*>g.p1
+    cdef const floating* x2 = <const floating*>g.p2
+    cdef Py_ssize_t j, k, n = g.K
+    cdef floating* p
+    cdef floating v, neg, c0, c1, c2
+    cdef floating* own = <floating*>calloc(n, sizeof(floating))
+    cdef floating* sums = out if own == NULL else own
+    for j in range(j0, j1):
+        p = <floating*>g.A + j * n
+        if g.step == STEP_RELU:
+            c0, c1, c2 = x0[j], x1[j], x2[j]
+            for k in range(n):
+                v = p[k]
+                neg = v if not v >= 0 else 0
+                sums[k] += neg * c2
+                p[k] = neg * c1 + (v - neg) * c0
+        else:
+            c0, c1 = x0[j], x1[j]
+            for k in range(n):
+                v = p[k]
+                neg = v if not v >= 0 else 0
+                sums[k] += (v - neg) * c0 + neg * c1
+    if own != NULL:
+        for k in range(n):
+            out[k] += own[k]
+        free(own)
+
+
+cdef void _run_step(const StepArgs* g, floating* dummy, int num_threads,
+                    bint cols=False) noexcept nogil:
+    """The step on g's rows, or on its columns (cols: A is (g.w, g.K), its
+    rows cut in COL_PARTS parts whose sums are added in part order)."""
     cdef int tid
+    cdef Py_ssize_t q, k, parts = COL_PARTS if g.w >= COL_PARTS else 1
+    cdef floating* sums = NULL
+    cdef floating* acc = <floating*>g.acc
+    if cols:
+        sums = <floating*>calloc(parts * g.K, sizeof(floating))
+        if sums == NULL:  # no memory: one part, into acc
+            parts = 1
+        if num_threads > parts:  # never more threads than parts
+            num_threads = <int>parts
     if num_threads == 1:
         _set_serial_team()
-        _step_rows(g, dummy, 0, g.K)
+        if cols:
+            for q in range(parts):
+                _step_cols(g, acc if sums == NULL else sums + q * g.K,
+                           _part_start(g.w, q, parts), _part_start(g.w, q + 1, parts))
+        else:
+            _step_rows(g, dummy, 0, g.K)
     else:
         with parallel(num_threads=num_threads):
             _note_team()
             tid = threadid()
-            _step_rows(g, dummy, _share_start(g.K, tid), _share_start(g.K, tid + 1))
+            if cols:
+                for q in range(_share_start(parts, tid), _share_start(parts, tid + 1)):
+                    _step_cols(g, acc if sums == NULL else sums + q * g.K,
+                               _part_start(g.w, q, parts), _part_start(g.w, q + 1, parts))
+            else:
+                _step_rows(g, dummy, _share_start(g.K, tid), _share_start(g.K, tid + 1))
+    if sums != NULL:
+        for q in range(parts):
+            for k in range(g.K):
+                acc[k] += sums[q * g.K + k]
+        free(sums)
 
 
 cdef void _set_window(StepArgs* g, floating[:, :, :, ::1] A, const int64_t[::1] oy,
@@ -270,3 +339,43 @@ def crown_box_patches(floating[:, :, :, ::1] A,       # IN (K, C, h, w)
     g.acc = &acc[0]
     with nogil:
         _run_step(&g, &dummy, num_threads)
+
+
+cdef void _set_cols(StepArgs* g, int step, floating[:, ::1] A, const void* p0, const void* p1,
+                    const void* p2, floating[::1] acc):
+    """g's columns: A (n, K), not empty."""
+    g.step, g.K, g.C, g.h, g.w, g.H, g.W = step, A.shape[1], 1, 1, A.shape[0], 1, A.shape[0]
+    g.oy = g.ox = NULL
+    g.p0, g.p1, g.p2 = p0, p1, p2
+    g.A, g.acc = &A[0, 0], &acc[0]
+
+
+def crown_relu_cols(floating[:, ::1] A,       # INOUT (n, K): the K rows as columns
+                    const floating[::1] a,    # IN (n,): the relaxation
+                    const floating[::1] s,
+                    const floating[::1] t,
+                    floating[::1] acc,        # INOUT (K,): += t @ min(A, 0)
+                    int num_threads):
+    """crown_relu on the columns of A."""
+    cdef StepArgs g
+    cdef floating dummy = 0
+    if A.size == 0:
+        return
+    _set_cols(&g, STEP_RELU, A, &a[0], &s[0], &t[0], acc)
+    with nogil:
+        _run_step(&g, &dummy, num_threads, True)
+
+
+def crown_box_cols(floating[:, ::1] A,        # IN (n, K)
+                   const floating[::1] lo,    # IN (n,): the box
+                   const floating[::1] hi,
+                   floating[::1] acc,         # INOUT (K,)
+                   int num_threads):
+    """crown_box on the columns of A."""
+    cdef StepArgs g
+    cdef floating dummy = 0
+    if A.size == 0:
+        return
+    _set_cols(&g, STEP_BOX, A, &lo[0], &hi[0], NULL, acc)
+    with nogil:
+        _run_step(&g, &dummy, num_threads, True)
