@@ -524,6 +524,60 @@ def test_dense_rows_give_the_one_hot_back_substitution(rng):
     np.testing.assert_allclose(got_neg_hi, want[3:], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_rows_as_columns_give_the_bounds_of_rows(rng, monkeypatch, dt):
+    """Back-substitution with the rows as the last axis (the vector
+    convolution's input gradient) gives the bounds of rows, through an
+    elementwise map, dilated and strided convolutions with uneven pads,
+    dense layers and ReLUs, on 1 and 2 threads, into kept buffers and
+    fresh arrays; and so do whole bound computations."""
+    from cypool.verify import _crown
+    from cypool.verify._net import Conv, Dense, Elementwise, Reshape
+
+    el = Elementwise(rng.uniform(0.5, 2, (2, 9, 8)), rng.standard_normal((2, 9, 8)))
+    c1 = Conv(rng.standard_normal((4, 2, 3, 3)), rng.standard_normal(4), (2, 9, 8), (1, 1), (2, 1, 0, 2), (2, 2))
+    c2 = Conv(rng.standard_normal((5, 4, 3, 2)), rng.standard_normal(5), c1.out_shape, (2, 1), (1, 0, 1, 1), (1, 1))
+    n = int(np.prod(c2.out_shape))
+    ops = [el, c1, ReLU(c1.out_shape), c2, ReLU(c2.out_shape), Reshape(c2.out_shape, (n,)),
+           Dense(rng.standard_normal((40, n)) / 4, rng.standard_normal(40)), ReLU((40,)),
+           Dense(rng.standard_normal((36, 40)), rng.standard_normal(36))]
+    net = verify.Net(ops, (2, 9, 8), np.float64).astype(dt)
+    lo = rng.standard_normal(net.n_inputs) - 0.5
+    hi = lo + rng.uniform(0, 0.5, lo.size)
+    lo, hi = lo.astype(dt), hi.astype(dt)
+    pre, relax, ch = _crown.bounds(net, lo, hi)
+    tol = dict(rtol=1e-4, atol=1e-3) if dt == np.float32 else dict(rtol=1e-11, atol=1e-11)
+    for K in (1, 33):
+        A = rng.standard_normal((K, 36)).astype(dt)
+        want = _crown._backsub(net.ops, relax, A.copy(), lo, hi)
+        for nt, buffers in ((1, None), (2, net.buffers), (2, None)):
+            got = _crown._backsub(net.ops, relax, np.ascontiguousarray(A.T), lo, hi, nt=nt,
+                                  buffers=buffers, cols=True)
+            np.testing.assert_allclose(got, want, **tol)
+    monkeypatch.setattr(_crown, "COLUMNS_MIN_ROWS", 10 ** 9)
+    want = _crown.bounds(net, lo, hi)[0]
+    C = rng.standard_normal((40, 36))
+    want_out = output_lower(net, relax, ch, C, lo, hi)
+    monkeypatch.setattr(_crown, "COLUMNS_MIN_ROWS", 1)
+    got = _crown.bounds(net, lo, hi)[0]
+    for i in want:
+        for w, g in zip(want[i], got[i]):
+            np.testing.assert_allclose(g, w, **tol)
+    np.testing.assert_allclose(output_lower(net, relax, ch, C, lo, hi), want_out, **tol)
+
+
+def test_columns_are_chosen_for_many_rows_through_a_convolution():
+    from cypool.verify import _crown
+    from cypool.verify._net import Conv, Dense
+
+    conv = Conv(np.ones((2, 1, 3, 3)), np.zeros(2), (1, 5, 5), (1, 1), (0, 0, 0, 0), (1, 1))
+    dense = Dense(np.ones((3, 4)), np.zeros(3))
+    K = _crown.COLUMNS_MIN_ROWS
+    assert _crown.as_columns([conv, ReLU(conv.out_shape)], K)
+    assert not _crown.as_columns([conv, ReLU(conv.out_shape)], K - 1)
+    assert not _crown.as_columns([dense, ReLU((3,))], 10 * K)
+
+
 def test_attack_violations_match_a_loop_over_disjuncts(rng):
     """The stacked disjuncts give, per point, the least over disjuncts of
     the largest A y - b, and its first row, as a plain loop does (ties

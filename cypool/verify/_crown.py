@@ -27,10 +27,15 @@ import numpy as np
 
 from .. import _checks as chk
 from .._backend import kernel, threads_for
-from ._net import Dense, Reshape, ReLU, signed_rows
+from ._net import Conv, Dense, Reshape, ReLU, signed_cols, signed_rows
 from ._patches import backsub_rows, patchable
 
-__all__ = ["bounds", "output_lower"]
+__all__ = ["bounds", "output_lower", "as_columns"]
+
+# Rows from which back-substitution through a convolution runs them as
+# columns: below, the vector convolution's input gradient leaves lanes
+# empty (on oval21's layers it overtook the batched one at 18-40 rows).
+COLUMNS_MIN_ROWS = 32
 
 
 def _gamma(n: int, dtype) -> float:
@@ -56,31 +61,48 @@ def relaxation(l, u):
     return a, s, t
 
 
-def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None):
-    """Lower bounds of the rows of A (K, *shape of ops[-1]'s output), plus
-    const, over the box [lo, hi] (flat, contiguous), as computed (no
-    rounding charge). A and const are consumed: changed in place where
-    they are contiguous arrays of the net's dtype. nt: threads (0: OpenMP's
-    default); buffers: the net's Buffers for the transposed maps, or None."""
-    K = A.shape[0]
+def as_columns(ops, K: int) -> bool:
+    """Whether K rows go back through ops as columns (``_backsub``'s
+    cols): where a convolution is among ops and K >= COLUMNS_MIN_ROWS."""
+    return K >= COLUMNS_MIN_ROWS and any(isinstance(op, Conv) for op in ops)
+
+
+def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False):
+    """Lower bounds of the rows of A (K, *shape of ops[-1]'s output; cols:
+    the rows as the last axis, (*shape, K)), plus const, over the box [lo,
+    hi] (flat, contiguous), as computed (no rounding charge). A and const
+    are consumed: changed in place where they are contiguous arrays of the
+    net's dtype. nt: threads (0: OpenMP's default); buffers: the net's
+    Buffers for the transposed maps, or None."""
+    K = A.shape[-1] if cols else A.shape[0]
     dt = A.dtype
     const = np.zeros(K, dt) if const is None else const
+
+    def flat(A):
+        return np.ascontiguousarray(A.reshape(-1, K) if cols else A.reshape(K, -1))
+
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         if isinstance(op, ReLU):
             # a negative coefficient takes the upper line (s, t), a positive
             # one the lower (a); stable neurons have a = s and t = 0
             a, s, t = relax[i]
-            flat = np.ascontiguousarray(A.reshape(K, -1))
-            kernel("crown_relu", dt)(flat, a.reshape(-1), s.reshape(-1), t.reshape(-1), const,
-                                     threads_for(nt, flat.size, K))
-            A = flat.reshape(A.shape)
+            Af = flat(A)
+            kernel("crown_relu_cols" if cols else "crown_relu", dt)(
+                Af, a.reshape(-1), s.reshape(-1), t.reshape(-1), const,
+                threads_for(nt, Af.size, K))
+            A = Af.reshape(A.shape)
+        elif cols:
+            if op.bias is not None:
+                const += op.bias.reshape(-1) @ A.reshape(-1, K)
+            A = op.T_cols(A, buffers=buffers)
         else:
             if op.bias is not None:
                 const += A.reshape(K, -1) @ op.bias.reshape(-1)
             A = op.T(A, buffers=buffers)
-    Af = np.ascontiguousarray(A.reshape(K, -1))
-    kernel("crown_box", dt)(Af, lo, hi, const, threads_for(nt, Af.size, K))
+    Af = flat(A)
+    kernel("crown_box_cols" if cols else "crown_box", dt)(Af, lo, hi, const,
+                                                          threads_for(nt, Af.size, K))
     return const
 
 
@@ -129,9 +151,13 @@ def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
         return backsub_rows(ops, relax, rows, lo, hi, nt, buffers)
     last = ops[-1]
     if isinstance(last, Dense):  # e_r through it: its row r, then -e_r
-        A = signed_rows(last.W, rows, buffers, ("rows", id(last))).reshape((-1,) + last.in_shape)
+        cols = as_columns(ops, 2 * rows.size)
+        if cols:
+            A = signed_cols(last.WT(), rows, buffers, ("cols", id(last)))
+        else:
+            A = signed_rows(last.W, rows, buffers, ("rows", id(last)))
         b = last.bias[rows]
-        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers)
+        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers, cols)
     else:
         n = int(np.prod(last.out_shape))
         A = np.zeros((2 * rows.size, n), lo.dtype)
@@ -204,7 +230,10 @@ def output_lower(net, relax, charge, C, lo, hi):
     dt = net.dtype
     A = np.array(C, dt).reshape((-1,) + net.ops[-1].out_shape)  # a copy: _backsub consumes it
     ch = None if charge is None else charge.of(A)
+    cols = as_columns(net.ops, A.shape[0])
+    if cols:
+        A = np.ascontiguousarray(np.moveaxis(A, 0, -1))
     lb = _backsub(net.ops, relax, A, np.ascontiguousarray(lo, dt), np.ascontiguousarray(hi, dt),
-                  None, chk.num_threads_arg(net.num_threads), net.buffers)
+                  None, chk.num_threads_arg(net.num_threads), net.buffers, cols)
     return lb if ch is None else lb - ch
 
