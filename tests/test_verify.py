@@ -630,6 +630,19 @@ def test_astype_is_made_once(tmp_path, rng):
     np.testing.assert_array_equal(f64.ops[0].W, net.ops[0].W.astype(np.float64))
 
 
+def test_with_threads_is_made_once(tmp_path, rng):
+    """check(num_threads=n) reuses one net per n, and so its kept buffers."""
+    net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 6, 3)))
+    two = net.with_threads(2)
+    assert two is net.with_threads(2) and two.num_threads == 2
+    assert net.with_threads(None) is net.with_threads(None) is not two
+    np.testing.assert_array_equal(two.forward(np.ones(4)), net.forward(np.ones(4)))
+    with pytest.raises(ValueError, match="num_threads"):
+        net.with_threads(0)
+    with pytest.raises(TypeError, match="num_threads"):
+        net.with_threads("2")
+
+
 def test_attack_stops_when_steps_gain_too_little(tmp_path, rng, monkeypatch):
     """patience steps in a row that lower the least violation by no more
     than min_gain of its size end the attack; a step that gains more

@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from .. import _checks as chk
 from ..conv import conv2d, conv2d_backward
 from ..vector_conv import vector_conv2d_backward
 
@@ -262,7 +263,8 @@ class Net:
         self.n_outputs = int(np.prod(self.ops[-1].out_shape)) if self.ops else self.n_inputs
         self.num_threads = None
         self.buffers = Buffers()
-        self._casts = {}
+        self._casts = {}  # made once each: their kept buffers last from call to call
+        self._threaded = {}
 
     def _batch(self, x):
         x = np.asarray(x, self.dtype)
@@ -306,7 +308,13 @@ class Net:
 
     def with_threads(self, num_threads) -> "Net":
         """The same network, its convolutions and the bounds' kernels on
-        num_threads threads."""
+        num_threads threads (made once for each num_threads, kept)."""
+        n = chk.num_threads_arg(num_threads)  # 0: OpenMP's default
+        if n not in self._threaded:
+            self._threaded[n] = self._on_threads(num_threads)
+        return self._threaded[n]
+
+    def _on_threads(self, num_threads) -> "Net":
         ops = [copy.copy(op) for op in self.ops]
         for op in ops:
             if isinstance(op, Conv):
