@@ -157,19 +157,16 @@ cdef void _step_rows(const StepArgs* g, floating* dummy, Py_ssize_t start,
 DEF COL_PARTS = 8
 
 
-cdef void _step_cols(const StepArgs* g, floating* out, Py_ssize_t j0,
+cdef void _step_cols(const StepArgs* g, floating* sums, Py_ssize_t j0,
                      Py_ssize_t j1) noexcept nogil:
     """Rows [j0, j1) of the RELU or BOX step on A (g.w, g.K), each row a pass
-    over its K columns; their sums added to out (K,), summed first in a
-    buffer of the thread's own (out's lines are shared with other parts')."""
+    over its K columns; their sums added to sums (K,)."""
     cdef const floating* x0 = <const floating*>g.p0
     cdef const floating* x1 = <const floating*>g.p1
     cdef const floating* x2 = <const floating*>g.p2
     cdef Py_ssize_t j, k, n = g.K
     cdef floating* p
     cdef floating v, neg, c0, c1, c2
-    cdef floating* own = <floating*>calloc(n, sizeof(floating))
-    cdef floating* sums = out if own == NULL else own
     for j in range(j0, j1):
         p = <floating*>g.A + j * n
         if g.step == STEP_RELU:
@@ -185,22 +182,21 @@ cdef void _step_cols(const StepArgs* g, floating* out, Py_ssize_t j0,
                 v = p[k]
                 neg = v if not v >= 0 else 0
                 sums[k] += (v - neg) * c0 + neg * c1
-    if own != NULL:
-        for k in range(n):
-            out[k] += own[k]
-        free(own)
 
 
 cdef void _run_step(const StepArgs* g, floating* dummy, int num_threads,
                     bint cols=False) noexcept nogil:
     """The step on g's rows, or on its columns (cols: A is (g.w, g.K), its
-    rows cut in COL_PARTS parts whose sums are added in part order)."""
+    rows cut in COL_PARTS parts whose sums are added in part order; each
+    part's sums a line or more apart from the next's, as threads write them
+    row after row)."""
     cdef int tid
     cdef Py_ssize_t q, k, parts = COL_PARTS if g.w >= COL_PARTS else 1
+    cdef Py_ssize_t stride = (g.K + 15) // 16 * 16 + 16
     cdef floating* sums = NULL
     cdef floating* acc = <floating*>g.acc
     if cols:
-        sums = <floating*>calloc(parts * g.K, sizeof(floating))
+        sums = <floating*>calloc(parts * stride, sizeof(floating))
         if sums == NULL:  # no memory: one part, into acc
             parts = 1
         if num_threads > parts:  # never more threads than parts
@@ -209,7 +205,7 @@ cdef void _run_step(const StepArgs* g, floating* dummy, int num_threads,
         _set_serial_team()
         if cols:
             for q in range(parts):
-                _step_cols(g, acc if sums == NULL else sums + q * g.K,
+                _step_cols(g, acc if sums == NULL else sums + q * stride,
                            _part_start(g.w, q, parts), _part_start(g.w, q + 1, parts))
         else:
             _step_rows(g, dummy, 0, g.K)
@@ -219,14 +215,14 @@ cdef void _run_step(const StepArgs* g, floating* dummy, int num_threads,
             tid = threadid()
             if cols:
                 for q in range(_share_start(parts, tid), _share_start(parts, tid + 1)):
-                    _step_cols(g, acc if sums == NULL else sums + q * g.K,
+                    _step_cols(g, acc if sums == NULL else sums + q * stride,
                                _part_start(g.w, q, parts), _part_start(g.w, q + 1, parts))
             else:
                 _step_rows(g, dummy, _share_start(g.K, tid), _share_start(g.K, tid + 1))
     if sums != NULL:
         for q in range(parts):
             for k in range(g.K):
-                acc[k] += sums[q * g.K + k]
+                acc[k] += sums[q * stride + k]
         free(sums)
 
 
