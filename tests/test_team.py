@@ -129,6 +129,54 @@ def test_a_region_goes_to_libgomps_spinning_pool(tmp_path):
     assert got["handed"] >= 3 and got["child"] == 0, got
 
 
+
+_LOOKOUT = """
+import json, os, time
+import numpy as np, cypool
+from cypool._backend import module_for
+x = np.random.default_rng(0).standard_normal((32, 5, 64, 64)).astype(np.float32)
+x[:, :, 5:9, 7:11] = 9.0  # ties
+want = cypool.argmax2d(x, num_threads=1)
+mod = module_for("argmax2d")
+a = np.ones(1 << 16, np.float32)
+before = mod.team_counts()
+for _ in range(50):
+    end = time.perf_counter() + 0.001
+    while time.perf_counter() < end:  # single-threaded work: the team threads go to sleep
+        np.multiply(a, 1.0, out=a)
+    assert np.array_equal(cypool.argmax2d(x, num_threads=2), want)
+after = mod.team_counts()
+look = []
+for tid in os.listdir("/proc/self/task"):
+    try:
+        if open(f"/proc/self/task/{tid}/comm").read().strip() == "cypool-lookout":
+            look.append(int(tid))
+    except OSError:
+        pass
+print(json.dumps({"woke": after["lookout"] - before["lookout"], "lookouts": len(look),
+                  "idle": [os.sched_getscheduler(t) == os.SCHED_IDLE for t in look]}))
+"""
+
+
+@pytest.mark.thread_unsafe(reason="counts one process's team threads")
+def test_the_lookout_wakes_the_team_at_idle_priority(tmp_path):
+    # Calls 1 ms apart find the team threads asleep: the lookout, one
+    # thread per process spinning at SCHED_IDLE (no CPU taken from any
+    # other thread), wakes them, and the results are the same. libgomp's
+    # pool sleeps at once (passive), so that no call is handed to it.
+    import sys
+    from cypool._backend import kernels
+    if kernels._team_tables()[0] == 0 or platform.system() != "Linux":
+        pytest.skip("the parallel blocks run on libgomp's team in this build")
+    env = {k: v for k, v in _env().items() if k != "CYPOOL_TEAM"}
+    env["OMP_WAIT_POLICY"] = "passive"
+    r = subprocess.run([sys.executable, "-c", _LOOKOUT], capture_output=True, text=True,
+                       env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["lookouts"] == 1 and got["idle"] == [True], got
+    assert got["woke"] >= 1, got
+
 _PROBE = """
 import json
 import numpy as np, cypool

@@ -234,14 +234,15 @@ def team_counts():
     thread's sleeps waiting for team threads at a region's end, team
     threads' moves off the calling thread's CPU, and team threads the
     calling thread moved onto its own CPU at a region's end, found
-    preempted in the middle of their work; and regions handed to
-    libgomp's pool while its threads were spinning. None where the
-    parallel blocks run on libgomp's team (_team.h)."""
-    cdef uint64_t[7] c
+    preempted in the middle of their work; regions handed to libgomp's
+    pool while its threads were spinning; and regions whose sleeping team
+    threads the lookout woke. None where the parallel blocks run on
+    libgomp's team (_team.h)."""
+    cdef uint64_t[8] c
     if not cypool_team_counts(&c[0]):
         return None
     return {"regions": c[0], "joined": c[1], "stolen": c[2], "slept": c[3], "moved": c[4],
-            "pulled": c[5], "handed": c[6]}
+            "pulled": c[5], "handed": c[6], "lookout": c[7]}
 
 
 def _team_tables():

@@ -32,7 +32,10 @@
  * busy (another Python thread's call, or a call from inside a region) runs
  * its thread numbers one after another on its own thread.
  * A region opened while libgomp's own pool threads spin (after torch's or
- * Numba's regions) goes to them instead (cypool_gomp_takes).
+ * Numba's regions) goes to them instead (cypool_gomp_takes). Team threads
+ * that went to sleep are woken by the lookout, a thread spinning at
+ * SCHED_IDLE for a while after they slept, where it runs
+ * (cypool_lookout_watch), else by the calling thread.
  * omp_get_max_threads stays libgomp's, so OMP_NUM_THREADS and
  * threadpoolctl's OpenMP limits still set the kernels' default thread
  * count. */
@@ -85,6 +88,21 @@
 /* Thread numbers of a region are 12-bit fields of the region word. */
 #define CYPOOL_TEAM_MAX 4095
 
+/* The lookout: one more thread, at SCHED_IDLE, that spins this long after
+ * the team threads went to sleep (or after its last wake) and wakes them
+ * when a region opens. On this virtual machine a futex wake
+ * from another CPU starts a sleeping team thread 18-33 us later, one from
+ * a thread spinning on the sleeper's own CPU 3-7 us later (a C probe,
+ * 1 ms of single-threaded work between regions). At SCHED_IDLE it takes no
+ * CPU from any other thread: one that wants its CPU preempts it at once.
+ * 0: no lookout. */
+#ifndef CYPOOL_TEAM_LOOKOUT_NS
+#define CYPOOL_TEAM_LOOKOUT_NS 5000000
+#endif
+/* The calling thread leaves the wake to the lookout only if it looked this
+ * recently: one that has lost its CPU to another thread does not look. */
+#define CYPOOL_TEAM_LOOKOUT_BEAT_NS 20000
+
 /* The region word, written by the calling thread as it opens a region (no
  * team thread runs one then), else changed only by compare-and-swap or an
  * atomic subtract:
@@ -132,6 +150,16 @@ typedef struct {
 } cypool_team_t;
 
 static cypool_team_t cypool_team;
+
+typedef struct {
+    int64_t beat;         /* when it last looked at the team's wake word */
+    uint32_t call;        /* futex: bumped to start its watch */
+    int on;               /* it is watching */
+    int state;            /* 0: not started, 1: started, -1: none */
+    uint64_t woke;        /* regions whose sleeping team threads it woke */
+} __attribute__((aligned(64))) cypool_lookout_t;
+
+static cypool_lookout_t cypool_lookout;
 static __thread unsigned cypool_thread_num = 0;
 static __thread unsigned cypool_num_threads = 1;
 
@@ -260,6 +288,112 @@ static void cypool_team_join(cypool_member_t* me) {
     }
 }
 
+/* Wake the team threads asleep for the region just opened, if any. */
+static int cypool_lookout_wake_team(void) {
+    cypool_team_t* T = &cypool_team;
+    unsigned n = CYPOOL_FIELD(__atomic_load_n(&T->region, __ATOMIC_SEQ_CST), 24);
+    if (n < 2 || __atomic_load_n(&T->sleepers, __ATOMIC_SEQ_CST) == 0)
+        return 0;
+    cypool_futex_wake(&T->wake, (int)n - 1);
+    return 1;
+}
+
+/* The lookout's watch: spin at SCHED_IDLE until CYPOOL_TEAM_LOOKOUT_NS
+ * after it began or after its last wake, waking the sleeping team threads
+ * of each region it sees open (regions that find them awake, back to
+ * back, do not keep it watching). The calling thread leaves the wake to it
+ * while it looks (cypool_lookout_sees); after it stops, it looks once
+ * more, so a region opened as it stopped is not left asleep. */
+static void cypool_lookout_watch(void) {
+    cypool_team_t* T = &cypool_team;
+    cypool_lookout_t* L = &cypool_lookout;
+    uint32_t seen = __atomic_load_n(&T->wake, __ATOMIC_SEQ_CST);
+    int64_t now = cypool_team_now(), until = now + CYPOOL_TEAM_LOOKOUT_NS, last = now, woke_at = 0;
+    unsigned spins = 0;
+    __atomic_store_n(&L->beat, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&L->on, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        uint32_t w = __atomic_load_n(&T->wake, __ATOMIC_SEQ_CST);
+        if (w != seen) {
+            seen = w;
+            if (cypool_lookout_wake_team()) {
+                __atomic_add_fetch(&L->woke, 1, __ATOMIC_RELAXED);
+                woke_at = cypool_team_now();
+                until = woke_at + CYPOOL_TEAM_LOOKOUT_NS;
+            }
+        }
+        cypool_team_relax();
+        if (++spins % 64)
+            continue;
+        now = cypool_team_now();
+        __atomic_store_n(&L->beat, now, __ATOMIC_RELAXED);
+        /* Off its CPU for a while, not for a team thread it woke: another
+         * library's thread wants the CPUs, and the team is woken as before. */
+        if (now > until || (now - last > CYPOOL_TEAM_LOOKOUT_BEAT_NS && woke_at < last))
+            break;
+        last = now;
+    }
+    __atomic_store_n(&L->on, 0, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&T->wake, __ATOMIC_SEQ_CST) != seen)
+        cypool_lookout_wake_team();
+}
+
+static void* cypool_lookout_thread(void* arg) {
+    cypool_lookout_t* L = &cypool_lookout;
+    uint32_t called = (uint32_t)(uintptr_t)arg;
+    struct sched_param idle;
+    memset(&idle, 0, sizeof idle);
+    pthread_setname_np(pthread_self(), "cypool-lookout");
+    if (sched_setscheduler(0, SCHED_IDLE, &idle) != 0) {
+        __atomic_store_n(&L->state, -1, __ATOMIC_RELEASE);  /* no spinning at a normal priority */
+        return NULL;
+    }
+    for (;;) {
+        uint32_t c;
+        while ((c = __atomic_load_n(&L->call, __ATOMIC_ACQUIRE)) == called)
+            cypool_futex_wait(&L->call, called);
+        called = c;
+        cypool_lookout_watch();
+    }
+    return NULL;
+}
+
+/* Start the lookout's watch, from a team thread about to sleep. */
+static void cypool_lookout_call(void) {
+    cypool_lookout_t* L = &cypool_lookout;
+    if (__atomic_load_n(&L->state, __ATOMIC_ACQUIRE) != 1 || __atomic_load_n(&L->on, __ATOMIC_SEQ_CST))
+        return;
+    __atomic_add_fetch(&L->call, 1, __ATOMIC_SEQ_CST);
+    cypool_futex_wake(&L->call, 1);
+}
+
+/* Whether the lookout is watching and looked within
+ * CYPOOL_TEAM_LOOKOUT_BEAT_NS: then it wakes the team for a region opened
+ * now (the region's wake word is bumped before this is asked). */
+static int cypool_lookout_sees(void) {
+    cypool_lookout_t* L = &cypool_lookout;
+    return __atomic_load_n(&L->on, __ATOMIC_SEQ_CST)
+           && cypool_team_now() - __atomic_load_n(&L->beat, __ATOMIC_RELAXED) < CYPOOL_TEAM_LOOKOUT_BEAT_NS;
+}
+
+/* Start the lookout, once (none where CYPOOL_TEAM_LOOKOUT_NS is 0). */
+static void cypool_lookout_start(void) {
+    cypool_lookout_t* L = &cypool_lookout;
+    pthread_t id;
+    pthread_attr_t attr;
+    if (CYPOOL_TEAM_LOOKOUT_NS <= 0 || L->state != 0)
+        return;
+    L->state = -1;
+    if (pthread_attr_init(&attr) != 0)
+        return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    __atomic_store_n(&L->state, 1, __ATOMIC_RELEASE);
+    if (pthread_create(&id, &attr, cypool_lookout_thread,
+                       (void*)(uintptr_t)__atomic_load_n(&L->call, __ATOMIC_ACQUIRE)) != 0)
+        __atomic_store_n(&L->state, -1, __ATOMIC_RELEASE);
+    pthread_attr_destroy(&attr);
+}
+
 static void* cypool_team_thread(void* arg) {
     cypool_team_t* T = &cypool_team;
     uint32_t seen = (uint32_t)(uintptr_t)arg;
@@ -273,19 +407,27 @@ static void* cypool_team_thread(void* arg) {
             __atomic_store_n(&me->ready, 1, __ATOMIC_RELEASE);
     }
     for (;;) {
-        int64_t until = 0;
+        int64_t until = 0, looked = 0;
         unsigned spins = 0;
         /* Moved onto the calling thread's CPU to finish its last region,
          * it sleeps at once rather than spin beside the calling thread. */
-        int rest = me && __atomic_exchange_n(&me->pulled, 0, __ATOMIC_SEQ_CST);
+        int rest = me && __atomic_exchange_n(&me->pulled, 0, __ATOMIC_SEQ_CST), shared = rest;
         while (__atomic_load_n(&T->wake, __ATOMIC_ACQUIRE) == seen) {
             if (rest || cypool_spin_over(&until, &spins, CYPOOL_TEAM_SPIN_NS)) {
-                rest = 0;
+                /* The lookout only where this spin kept its CPU: another
+                 * library's spinning thread wants it otherwise. */
+                if (!shared)
+                    cypool_lookout_call();
+                rest = shared = 0;
                 __atomic_add_fetch(&T->sleepers, 1, __ATOMIC_SEQ_CST);
                 if (__atomic_load_n(&T->wake, __ATOMIC_SEQ_CST) == seen)
                     cypool_futex_wait(&T->wake, seen);
                 __atomic_sub_fetch(&T->sleepers, 1, __ATOMIC_SEQ_CST);
-                until = 0;
+                until = looked = 0;
+            } else if (spins % 64 == 0) {
+                int64_t now = cypool_team_now();
+                shared |= looked && now - looked > CYPOOL_TEAM_LOOKOUT_BEAT_NS;
+                looked = now;
             }
         }
         seen = __atomic_load_n(&T->wake, __ATOMIC_ACQUIRE);
@@ -305,6 +447,8 @@ static void cypool_team_after_fork(void) {
     cypool_team.sleepers = 0;
     cypool_team.caller_waits = 0;
     cypool_team.region = 0;
+    cypool_lookout.state = 0;
+    cypool_lookout.on = 0;
 }
 
 /* Start team threads until there are want; how many there are. */
@@ -314,6 +458,7 @@ static int cypool_team_grow(int want) {
         pthread_atfork(NULL, NULL, cypool_team_after_fork);
         T->forked = 1;
     }
+    cypool_lookout_start();
     while (T->threads < want) {
         pthread_t id;
         pthread_attr_t attr;
@@ -638,8 +783,9 @@ static int cypool_gomp_takes(unsigned n) {
     G->seen_at = t0;
     G->own_since = 0;
     if (take) {
-        /* the calling thread and the spinning pool threads, and no more */
-        int r = cypool_gomp_runnable();
+        /* the calling thread and the spinning pool threads, and no more
+         * (the lookout, at SCHED_IDLE, takes no CPU from them) */
+        int r = cypool_gomp_runnable() - __atomic_load_n(&cypool_lookout.on, __ATOMIC_SEQ_CST);
         take = r >= 0 && r <= G->cpus && r <= k + 1;
     }
     return take;
@@ -686,7 +832,7 @@ static void cypool_team_parallel(void (*fn)(void*), void* data, unsigned n, unsi
                          __ATOMIC_SEQ_CST);
     }
     __atomic_add_fetch(&T->wake, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&T->sleepers, __ATOMIC_SEQ_CST) > 0)
+    if (__atomic_load_n(&T->sleepers, __ATOMIC_SEQ_CST) > 0 && !cypool_lookout_sees())
         cypool_futex_wake(&T->wake, (int)n - 1);
     cypool_team_run(0, n);
     /* Every thread number no team thread has taken yet. */
@@ -706,7 +852,8 @@ static void cypool_team_parallel(void (*fn)(void*), void* data, unsigned n, unsi
     __atomic_store_n(&T->busy, 0, __ATOMIC_RELEASE);
 }
 
-/* The counts above and the regions handed to libgomp's pool, into c[7]. */
+/* The counts above, the regions handed to libgomp's pool and those whose
+ * team threads the lookout woke, into c[8]. */
 static void cypool_team_own_counts(uint64_t* c) {
     c[0] = __atomic_load_n(&cypool_team.opened, __ATOMIC_RELAXED);
     c[1] = __atomic_load_n(&cypool_team.joined, __ATOMIC_RELAXED);
@@ -715,6 +862,7 @@ static void cypool_team_own_counts(uint64_t* c) {
     c[4] = __atomic_load_n(&cypool_team.moved, __ATOMIC_RELAXED);
     c[5] = __atomic_load_n(&cypool_team.pulled, __ATOMIC_RELAXED);
     c[6] = __atomic_load_n(&cypool_gomp.handed, __ATOMIC_RELAXED);
+    c[7] = __atomic_load_n(&cypool_lookout.woke, __ATOMIC_RELAXED);
 }
 
 static void cypool_team_set_affinity(int on) {
@@ -773,7 +921,7 @@ static inline int cypool_team_is_own(void) {
     return __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED)->counts != NULL;
 }
 
-/* The counts of the team the blocks run on, into c[7]; 0 for libgomp's. */
+/* The counts of the team the blocks run on, into c[8]; 0 for libgomp's. */
 static inline int cypool_team_counts(uint64_t* c) {
     const cypool_team_api_t* a = __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED);
     if (a->counts == NULL)

@@ -187,7 +187,7 @@ static int64_t thread_cpu_ns(void) {
 static void test_preempted_thread_moves_to_the_calling_cpu(void) {
     pthread_t self = pthread_self(), h;
     cpu_set_t mine;
-    uint64_t c0[7], c1[7];
+    uint64_t c0[8], c1[8];
     int64_t took = 0;
     int tries;
     if (sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) < 2) {
