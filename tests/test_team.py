@@ -129,7 +129,6 @@ def test_a_region_goes_to_libgomps_spinning_pool(tmp_path):
     assert got["handed"] >= 3 and got["child"] == 0, got
 
 
-
 _LOOKOUT = """
 import json, os, time
 import numpy as np, cypool
@@ -176,6 +175,7 @@ def test_the_lookout_wakes_the_team_at_idle_priority(tmp_path):
     got = json.loads(r.stdout.splitlines()[-1])
     assert got["lookouts"] == 1 and got["idle"] == [True], got
     assert got["woke"] >= 1, got
+
 
 _PROBE = """
 import json
