@@ -184,19 +184,30 @@ static inline void cypool_team_relax(void) {
 #endif
 }
 
+/* A spin-wait's state; all 0 at its start. */
+typedef struct {
+    int64_t until;        /* when it is over */
+    int64_t looked;       /* the last read of the clock */
+    unsigned spins;
+    int lost;             /* two reads were over CYPOOL_TEAM_LOOKOUT_BEAT_NS
+                           * apart: the thread was off its CPU meanwhile */
+} cypool_spin_t;
+
 /* One turn of a spin-wait that may last limit_ns: whether it has lasted
- * that long (the clock is read every 64th turn; *until starts at 0). */
-static int cypool_spin_over(int64_t* until, unsigned* spins, int64_t limit_ns) {
+ * that long (the clock is read every 64th turn). */
+static int cypool_spin_over(cypool_spin_t* w, int64_t limit_ns) {
     int64_t now;
     cypool_team_relax();
-    if (++*spins % 64)
+    if (++w->spins % 64)
         return 0;
     now = cypool_team_now();
-    if (*until == 0) {
-        *until = now + limit_ns;
+    w->lost |= w->looked && now - w->looked > CYPOOL_TEAM_LOOKOUT_BEAT_NS;
+    w->looked = now;
+    if (w->until == 0) {
+        w->until = now + limit_ns;
         return 0;
     }
-    return now > *until;
+    return now > w->until;
 }
 
 /* A team thread's own affinity mask (the one it inherited from the thread
@@ -407,27 +418,22 @@ static void* cypool_team_thread(void* arg) {
             __atomic_store_n(&me->ready, 1, __ATOMIC_RELEASE);
     }
     for (;;) {
-        int64_t until = 0, looked = 0;
-        unsigned spins = 0;
+        cypool_spin_t wait = {0, 0, 0, 0};
         /* Moved onto the calling thread's CPU to finish its last region,
          * it sleeps at once rather than spin beside the calling thread. */
-        int rest = me && __atomic_exchange_n(&me->pulled, 0, __ATOMIC_SEQ_CST), shared = rest;
+        int rest = me && __atomic_exchange_n(&me->pulled, 0, __ATOMIC_SEQ_CST);
         while (__atomic_load_n(&T->wake, __ATOMIC_ACQUIRE) == seen) {
-            if (rest || cypool_spin_over(&until, &spins, CYPOOL_TEAM_SPIN_NS)) {
+            if (rest || cypool_spin_over(&wait, CYPOOL_TEAM_SPIN_NS)) {
                 /* The lookout only where this spin kept its CPU: another
                  * library's spinning thread wants it otherwise. */
-                if (!shared)
+                if (!rest && !wait.lost)
                     cypool_lookout_call();
-                rest = shared = 0;
+                rest = 0;
                 __atomic_add_fetch(&T->sleepers, 1, __ATOMIC_SEQ_CST);
                 if (__atomic_load_n(&T->wake, __ATOMIC_SEQ_CST) == seen)
                     cypool_futex_wait(&T->wake, seen);
                 __atomic_sub_fetch(&T->sleepers, 1, __ATOMIC_SEQ_CST);
-                until = looked = 0;
-            } else if (spins % 64 == 0) {
-                int64_t now = cypool_team_now();
-                shared |= looked && now - looked > CYPOOL_TEAM_LOOKOUT_BEAT_NS;
-                looked = now;
+                memset(&wait, 0, sizeof wait);
             }
         }
         seen = __atomic_load_n(&T->wake, __ATOMIC_ACQUIRE);
