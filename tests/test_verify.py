@@ -319,6 +319,27 @@ def test_verdicts_agree_with_an_attack(tmp_path, rng):
     assert "holds" in seen
 
 
+def test_the_attack_after_the_bounds_starts_where_they_are_least(tmp_path, rng):
+    """h = relu(w . x - 10.8) on [-1, 1]^12 is above 0.5 only within 0.35
+    of the corner sign(w), and its gradient is 0 everywhere else: no attack
+    from the centre or random points gets there. The bounds' linear
+    function is least at that corner, so check starts there."""
+    w = rng.choice([-1.0, 1.0], 12)
+    path = make_model(tmp_path / "corner.onnx", [
+        helper.make_node("Gemm", ["x", "W0", "b0"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Gemm", ["r", "W1", "b1"], ["y"], transB=1)],
+        {"W0": w[None], "b0": [-10.8], "W1": [[-1.0], [0.0]], "b1": [0.5, 0.0]}, [1, 12], "y")
+    net = verify.load_onnx(path)
+    spec = robustness_spec(-np.ones(12), np.ones(12), 0, 2)  # a counterexample: y0 <= y1
+    assert verify.attack(net, spec, steps=20, points=16) is None
+    res = verify.check(net, spec)
+    assert res.status == "violated"
+    cx, cy = res.counterexample
+    assert w @ cx >= 11.3 and spec.is_counterexample(net.forward(cx)[0])
+    assert verify.check(net, spec, attack_steps=0).status == "violated"  # the corner itself
+
+
 @pytest.mark.parametrize("make_spec, err, words", [
     (lambda net: verify.Spec(np.zeros(3), np.ones(3), [(np.ones((1, 3)), np.zeros(1))]), ValueError,
      "spec has 3 inputs but the net takes 5"),
@@ -564,6 +585,30 @@ def test_rows_as_columns_give_the_bounds_of_rows(rng, monkeypatch, dt):
         for w, g in zip(want[i], got[i]):
             np.testing.assert_allclose(g, w, **tol)
     np.testing.assert_allclose(output_lower(net, relax, ch, C, lo, hi), want_out, **tol)
+
+
+@pytest.mark.parametrize("min_rows", [1, 10 ** 9])
+def test_output_corners_attain_an_affine_nets_lower_bounds(rng, monkeypatch, min_rows):
+    """Without a ReLU the bound of each row is exact, and attained at the
+    corner output_lower returns for it: as rows and as columns."""
+    from cypool.verify import _crown
+    from cypool.verify._net import Conv, Dense, Reshape
+
+    monkeypatch.setattr(_crown, "COLUMNS_MIN_ROWS", min_rows)
+    c1 = Conv(rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3), (2, 7, 6), (2, 1), (1, 0, 1, 1), (1, 1))
+    n = int(np.prod(c1.out_shape))
+    net = verify.Net([c1, Reshape(c1.out_shape, (n,)), Dense(rng.standard_normal((4, n)), rng.standard_normal(4))],
+                     (2, 7, 6), np.float64)
+    lo = rng.standard_normal(net.n_inputs)
+    hi = lo + rng.uniform(0, 1, lo.size)
+    C = rng.standard_normal((40, 4))
+    _, relax, ch = _crown.bounds(net, lo, hi)
+    lb, corners = output_lower(net, relax, ch, C, lo, hi, inputs=True)
+    np.testing.assert_array_equal(lb, output_lower(net, relax, ch, C, lo, hi))
+    assert corners.shape == (40, net.n_inputs) and ((corners == lo) | (corners == hi)).all()
+    at = np.einsum("kj,kj->k", net.forward(corners), C)
+    np.testing.assert_allclose(at, lb, rtol=1e-9, atol=1e-9)
+    assert (at >= lb).all()
 
 
 def test_columns_are_chosen_for_many_rows_through_a_convolution():

@@ -10,8 +10,9 @@
 
 ``check`` first runs the box's centre and a corner, then bounds the
 network by back-substitution (CROWN's relaxation, rounding charged: a
-"holds" survives floating-point rounding), then attacks (projected
-gradient descent) what the bounds leave open: every "violated" carries a
+"holds" survives floating-point rounding), then attacks what the bounds
+leave open (projected gradient descent from the corners where the
+bounds' linear functions are least): every "violated" carries a
 counterexample confirmed by the network's own float64 forward pass. The
 command line, in VNN-COMP's form: ``python -m cypool.verify NET.onnx
 SPEC.vnnlib [--timeout S] [--out RESULT]``, or a whole ``instances.csv``.

@@ -14,6 +14,10 @@ from ._vnnlib import Spec
 
 __all__ = ["Result", "check", "attack"]
 
+# The attack after the bounds starts from the minimising corners of at most
+# this many rows, those of least lower bound.
+GUIDED_STARTS = 64
+
 
 @dataclass
 class Result:
@@ -103,10 +107,12 @@ def attack(net: Net, spec: Spec, *, steps=10, points=8, seed=0, deadline=None, p
     _number("min_gain", min_gain, lambda v: 0 <= v < 1, "a number in [0, 1)")
     if deadline is not None:
         _number("deadline", deadline, lambda v: True, "a time.perf_counter() value or None")
-    return _attack(net, spec, steps, points, seed, deadline, patience, min_gain)
+    return _attack(net, spec, _starts(spec, points, seed), steps, deadline, patience, min_gain)
 
 
-def _attack(net, spec, steps, points, seed, deadline, patience, min_gain):
+def _starts(spec, points, seed):
+    """points start points in spec's box: its centre, then random corners
+    (half the rest) and random points."""
     lo, hi = spec.lower, spec.upper
     rng = np.random.default_rng(seed)
     X = np.empty((points, lo.size))
@@ -114,6 +120,13 @@ def _attack(net, spec, steps, points, seed, deadline, patience, min_gain):
     corners = max(0, min(points - 1, points // 2))
     X[1:1 + corners] = np.where(rng.random((corners, lo.size)) < 0.5, lo, hi)
     X[1 + corners:] = rng.uniform(lo, hi, (points - 1 - corners, lo.size))
+    return X
+
+
+def _attack(net, spec, X, steps, deadline, patience, min_gain, keep=None):
+    """PGD from the points X (see attack); keep: after the first trace,
+    only the keep points of least violation go on."""
+    lo, hi = spec.lower, spec.upper
     f64 = net.astype(np.float64)
     width = hi - lo
     spec_rows = _Rows(spec.disjuncts)
@@ -129,6 +142,9 @@ def _attack(net, spec, steps, points, seed, deadline, patience, min_gain):
         best = min(best, v.min())
         if k == steps or stale >= patience or (deadline is not None and time.perf_counter() > deadline):
             return None
+        if k == 0 and keep is not None and keep < len(X):
+            i = np.argsort(v, kind="stable")[:keep]
+            X, masks, rows = X[i], [m[i] for m in masks], rows[i]
         g = f64.backward(masks, rows).reshape(X.shape)
         step = width * (0.25 * (0.02 / 0.25) ** (k / max(steps - 1, 1)))
         X = np.clip(X - step * np.sign(g), lo, hi)
@@ -149,7 +165,8 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
     num_threads : int or None
         For cypool's kernels (the convolutions).
     attack_steps : int
-        Steps of the attack (from 4 points) on what the bounds leave open.
+        Steps of the attack on what the bounds leave open, from the box
+        corners that minimise the bounds' linear functions.
     """
     t0 = time.perf_counter()
     specs = _checked_specs(net, spec)
@@ -169,25 +186,28 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
     for s in specs:
         # the centre and a corner: most counterexamples are found here, in a
         # few steps that each lower the violation by far more than 2%
-        cex = _attack(net, s, 5, 2, 0, None, 2, 0.02)
+        cex = _attack(net, s, _starts(s, 2, 0), 5, None, 2, 0.02)
         if cex is not None:
             return Result("violated", cex, time=time.perf_counter() - t0)
         _, relax, charge = bounds(net, s.lower, s.upper)
         C = np.concatenate([A for A, _ in s.disjuncts])
-        lb = output_lower(net, relax, charge, C, s.lower, s.upper)
+        lb, corners = output_lower(net, relax, charge, C, s.lower, s.upper, inputs=True)
         per, k = [], 0
         for A, b in s.disjuncts:
             per.append(lb[k:k + len(A)] - b)
             k += len(A)
         lowers.append(per)
         if not all((m > 0).any() for m in per):
-            undecided.append(s)
+            worst = np.argsort(np.concatenate(per), kind="stable")[:GUIDED_STARTS]
+            undecided.append((s, corners[worst]))
         if deadline is not None and time.perf_counter() > deadline:
             return Result("unknown", lower=lowers, time=time.perf_counter() - t0, timed_out=True)
     if not undecided:
         return Result("holds", lower=lowers, time=time.perf_counter() - t0)
-    for s in undecided:
-        cex = _attack(net, s, attack_steps, 4, 1, deadline, 3, 0.0)
+    for s, corners in undecided:
+        # where each row's linear lower bound is least: the relaxation's
+        # worst points, traced together; the two most violating go on
+        cex = _attack(net, s, corners, attack_steps, deadline, 2, 0.02, keep=2)
         if cex is not None:
             return Result("violated", cex, lower=lowers, time=time.perf_counter() - t0)
     timed_out = deadline is not None and time.perf_counter() > deadline

@@ -67,13 +67,14 @@ def as_columns(ops, K: int) -> bool:
     return K >= COLUMNS_MIN_ROWS and any(isinstance(op, Conv) for op in ops)
 
 
-def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False):
+def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, inputs=False):
     """Lower bounds of the rows of A (K, *shape of ops[-1]'s output; cols:
     the rows as the last axis, (*shape, K)), plus const, over the box [lo,
     hi] (flat, contiguous), as computed (no rounding charge). A and const
     are consumed: changed in place where they are contiguous arrays of the
     net's dtype. nt: threads (0: OpenMP's default); buffers: the net's
-    Buffers for the transposed maps, or None."""
+    Buffers for the transposed maps, or None. inputs: also return the
+    rows' coefficients on the input, (K, n), a view of A or of a buffer."""
     K = A.shape[-1] if cols else A.shape[0]
     dt = A.dtype
     const = np.zeros(K, dt) if const is None else const
@@ -103,6 +104,8 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False):
     Af = flat(A)
     kernel("crown_box_cols" if cols else "crown_box", dt)(Af, lo, hi, const,
                                                           threads_for(nt, Af.size, K))
+    if inputs:
+        return const, (Af.T if cols else Af)
     return const
 
 
@@ -224,16 +227,24 @@ def bounds(net, lo, hi, *, charge=True):
     return pre, relax, ch
 
 
-def output_lower(net, relax, charge, C, lo, hi):
+def output_lower(net, relax, charge, C, lo, hi, *, inputs=False):
     """Lower bounds of ``C @ y`` (C of shape (K, n_outputs)) over the box,
-    less the rounding charge (the _Charge from bounds, or None)."""
+    less the rounding charge (the _Charge from bounds, or None). inputs:
+    also the corners of the box that minimise each row's linear lower
+    bound, (K, n): where the relaxation is tight, the net's worst points."""
     dt = net.dtype
     A = np.array(C, dt).reshape((-1,) + net.ops[-1].out_shape)  # a copy: _backsub consumes it
     ch = None if charge is None else charge.of(A)
     cols = as_columns(net.ops, A.shape[0])
     if cols:
         A = np.ascontiguousarray(np.moveaxis(A, 0, -1))
-    lb = _backsub(net.ops, relax, A, np.ascontiguousarray(lo, dt), np.ascontiguousarray(hi, dt),
-                  None, chk.num_threads_arg(net.num_threads), net.buffers, cols)
-    return lb if ch is None else lb - ch
+    lo = np.ascontiguousarray(lo, dt)
+    hi = np.ascontiguousarray(hi, dt)
+    lb = _backsub(net.ops, relax, A, lo, hi, None, chk.num_threads_arg(net.num_threads),
+                  net.buffers, cols, inputs)
+    if inputs:
+        lb, coef = lb
+        corners = np.where(coef > 0, lo, hi)
+    lb = lb if ch is None else lb - ch
+    return (lb, corners) if inputs else lb
 
