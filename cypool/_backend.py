@@ -112,12 +112,14 @@ def load_variant(name: str):
 
 
 # The thread team every variant module's parallel blocks run on, one per
-# process: (table address, affinity moves on), set below once the chosen
-# module is loaded. CYPOOL_TEAM=libgomp runs them on libgomp's team instead
-# of cypool's (_kernels/_team.h); CYPOOL_TEAM_AFFINITY=0 keeps cypool's team
-# threads where the scheduler puts them.
+# process: (table address, affinity moves on, lookout on), set below once
+# the chosen module is loaded. CYPOOL_TEAM=libgomp runs them on libgomp's
+# team instead of cypool's (_kernels/_team.h); CYPOOL_TEAM_AFFINITY=0 keeps
+# cypool's team threads where the scheduler puts them; CYPOOL_TEAM_LOOKOUT=0
+# starts no lookout thread.
 TEAM_ENV = "CYPOOL_TEAM"
 AFFINITY_ENV = "CYPOOL_TEAM_AFFINITY"
+LOOKOUT_ENV = "CYPOOL_TEAM_LOOKOUT"
 _TEAM = None
 _ON_TEAM: set = set()
 
@@ -154,16 +156,17 @@ ISA, kernels, AVAILABLE_ISAS, _FORCED = _choose()
 
 
 def _team() -> tuple:
-    """(table address, affinity on) of the process's team, from the chosen
-    module and the environment."""
+    """(table address, affinity on, lookout on) of the process's team, from
+    the chosen module and the environment."""
     want = os.environ.get(TEAM_ENV, "cypool") or "cypool"
     if want not in ("cypool", "libgomp"):
         raise ImportError(f"{TEAM_ENV}={want!r}: use 'cypool' or 'libgomp'")
     own, gomp = kernels._team_tables()
     affinity = os.environ.get(AFFINITY_ENV, "1") != "0"
+    lookout = os.environ.get(LOOKOUT_ENV, "1") != "0"
     if want == "libgomp" and own and not gomp:
         raise ImportError(f"{TEAM_ENV}=libgomp, but libgomp's functions were not found")
-    return (gomp if want == "libgomp" else own), affinity
+    return (gomp if want == "libgomp" else own), affinity, lookout
 
 
 _TEAM = _team()
@@ -360,7 +363,8 @@ def _config() -> dict:
                             "cypool's own" if kernels.team_counts() is not None else "libgomp's"),
                    "team_chosen_by": (f"{TEAM_ENV}={os.environ[TEAM_ENV]}"
                                       if os.environ.get(TEAM_ENV) else "default"),
-                   "team_affinity_moves": _TEAM[1]},
+                   "team_affinity_moves": _TEAM[1],
+                   "team_lookout": _TEAM[2]},
         "python": {"version": platform.python_version(),
                    "implementation": platform.python_implementation(),
                    "free_threaded_build": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
@@ -397,7 +401,8 @@ def show_config(mode: str = "stdout", *, file: TextIO | None = None) -> dict | N
     for name, missing in k["not_used"].items():
         print(f"{name} built but not used: this CPU lacks {', '.join(missing)}", file=out)
     if omp["found"]:
-        moves = "" if omp["team_affinity_moves"] else ", no affinity moves"
+        moves = ("" if omp["team_affinity_moves"] else ", no affinity moves") + (
+            "" if omp["team_lookout"] else ", no lookout")
         print(f"OpenMP: yes (_OPENMP {omp['version']}); default threads: {omp['default_threads']}; "
               f"thread team: {omp['team']} ({omp['team_chosen_by']}{moves})", file=out)
     else:

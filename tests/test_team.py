@@ -158,23 +158,29 @@ print(json.dumps({"woke": after["lookout"] - before["lookout"], "lookouts": len(
 
 
 @pytest.mark.thread_unsafe(reason="counts one process's team threads")
-def test_the_lookout_wakes_the_team_at_idle_priority(tmp_path):
+@pytest.mark.parametrize("lookout", ["1", "0"])
+def test_the_lookout_wakes_the_team_at_idle_priority(tmp_path, lookout):
     # Calls 1 ms apart find the team threads asleep: the lookout, one
     # thread per process spinning at SCHED_IDLE (no CPU taken from any
     # other thread), wakes them, and the results are the same. libgomp's
     # pool sleeps at once (passive), so that no call is handed to it.
+    # CYPOOL_TEAM_LOOKOUT=0 starts none, and the calls are still right.
     import sys
     from cypool._backend import kernels
     if kernels._team_tables()[0] == 0 or platform.system() != "Linux":
         pytest.skip("the parallel blocks run on libgomp's team in this build")
     env = {k: v for k, v in _env().items() if k != "CYPOOL_TEAM"}
     env["OMP_WAIT_POLICY"] = "passive"
+    env["CYPOOL_TEAM_LOOKOUT"] = lookout
     r = subprocess.run([sys.executable, "-c", _LOOKOUT], capture_output=True, text=True,
                        env=env, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.splitlines()[-1])
-    assert got["lookouts"] == 1 and got["idle"] == [True], got
-    assert got["woke"] >= 1, got
+    if lookout == "1":
+        assert got["lookouts"] == 1 and got["idle"] == [True], got
+        assert got["woke"] >= 1, got
+    else:
+        assert got["lookouts"] == 0 and got["woke"] == 0, got
 
 
 _PROBE = """

@@ -51,7 +51,8 @@ def test_show_config_dicts_say_what_the_text_says(capsys):
                                       else "libgomp's"),
                              "team_chosen_by": (f"CYPOOL_TEAM={os.environ['CYPOOL_TEAM']}"
                                                 if os.environ.get("CYPOOL_TEAM") else "default"),
-                             "team_affinity_moves": os.environ.get("CYPOOL_TEAM_AFFINITY") != "0"}
+                             "team_affinity_moves": os.environ.get("CYPOOL_TEAM_AFFINITY") != "0",
+                             "team_lookout": os.environ.get("CYPOOL_TEAM_LOOKOUT") != "0"}
     assert cfg["python"]["version"] == platform.python_version()
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     assert cfg["python"]["gil_enabled"] is gil

@@ -33,7 +33,7 @@ cdef extern from "_omp_shim.h" nogil:
     const void* cypool_team_libgomp()
     void cypool_team_use(const void* api)
     int cypool_team_is_own()
-    void cypool_team_affinity_set(int on)
+    void cypool_team_configure(int affinity, int lookout)
 
 # cypool_opaque(p) is p, hidden from the optimiser: a call through it stays
 # a call, to one compiled copy. _maxpool_forward.pxi calls two functions so:
@@ -251,14 +251,14 @@ def _team_tables():
     return <size_t>cypool_team_own(), <size_t>cypool_team_libgomp()
 
 
-def _use_team(size_t table, bint affinity):
+def _use_team(size_t table, bint affinity, bint lookout):
     """Run this module's parallel blocks on the team of table (an address
-    from _team_tables, of any module), its affinity moves on or off. Only
-    before this module's first parallel region (cypool._backend, at
-    import)."""
+    from _team_tables, of any module), its affinity moves and its lookout
+    on or off. Only before this module's first parallel region
+    (cypool._backend, at import)."""
     if table:
         cypool_team_use(<const void*>table)
-    cypool_team_affinity_set(affinity)
+    cypool_team_configure(affinity, lookout)
 
 
 def openmp_info():

@@ -169,6 +169,8 @@ static int cypool_team_num_threads(void) { return (int)cypool_num_threads; }
 /* Whether team threads move off the calling thread's CPU, and the calling
  * thread moves a preempted one onto its own (CYPOOL_TEAM_AFFINITY=0: never). */
 static int cypool_team_affinity = 1;
+/* Whether the lookout starts (CYPOOL_TEAM_LOOKOUT=0: never). */
+static int cypool_team_lookout = 1;
 
 static int64_t cypool_team_now(void) {
     struct timespec t;
@@ -387,12 +389,14 @@ static int cypool_lookout_sees(void) {
            && cypool_team_now() - __atomic_load_n(&L->beat, __ATOMIC_RELAXED) < CYPOOL_TEAM_LOOKOUT_BEAT_NS;
 }
 
-/* Start the lookout, once (none where CYPOOL_TEAM_LOOKOUT_NS is 0). */
+/* Start the lookout, once (none where CYPOOL_TEAM_LOOKOUT_NS is 0 or it is
+ * switched off). */
 static void cypool_lookout_start(void) {
     cypool_lookout_t* L = &cypool_lookout;
     pthread_t id;
     pthread_attr_t attr;
-    if (CYPOOL_TEAM_LOOKOUT_NS <= 0 || L->state != 0)
+    if (CYPOOL_TEAM_LOOKOUT_NS <= 0 || L->state != 0
+        || !__atomic_load_n(&cypool_team_lookout, __ATOMIC_RELAXED))
         return;
     L->state = -1;
     if (pthread_attr_init(&attr) != 0)
@@ -582,7 +586,7 @@ typedef struct {
     int (*thread_num)(void);
     int (*num_threads)(void);
     void (*counts)(uint64_t*);
-    void (*set_affinity)(int);
+    void (*configure)(int, int);
 } cypool_team_api_t;
 
 /* Handing a region to libgomp's pool. Where cypool's modules share their
@@ -871,13 +875,14 @@ static void cypool_team_own_counts(uint64_t* c) {
     c[7] = __atomic_load_n(&cypool_lookout.woke, __ATOMIC_RELAXED);
 }
 
-static void cypool_team_set_affinity(int on) {
-    __atomic_store_n(&cypool_team_affinity, on, __ATOMIC_RELAXED);
+static void cypool_team_configure_own(int affinity, int lookout) {
+    __atomic_store_n(&cypool_team_affinity, affinity, __ATOMIC_RELAXED);
+    __atomic_store_n(&cypool_team_lookout, lookout, __ATOMIC_RELAXED);
 }
 
 static const cypool_team_api_t cypool_team_own_api = {
     cypool_team_parallel, cypool_team_thread_num, cypool_team_num_threads,
-    cypool_team_own_counts, cypool_team_set_affinity};
+    cypool_team_own_counts, cypool_team_configure_own};
 static cypool_team_api_t cypool_team_libgomp_api;
 static const cypool_team_api_t* cypool_team_api = &cypool_team_own_api;
 
@@ -912,7 +917,7 @@ static inline const void* cypool_team_libgomp(void) {
     *(void**)&a->thread_num = dlsym(h, "omp_get_thread_num");
     *(void**)&a->num_threads = dlsym(h, "omp_get_num_threads");
     a->counts = NULL;
-    a->set_affinity = NULL;
+    a->configure = NULL;
     return a->parallel && a->thread_num && a->num_threads ? a : NULL;
 }
 
@@ -936,11 +941,12 @@ static inline int cypool_team_counts(uint64_t* c) {
     return 1;
 }
 
-/* The affinity moves on (1) or off (0), on the team the blocks run on. */
-static inline void cypool_team_affinity_set(int on) {
+/* The affinity moves and the lookout on (1) or off (0), on the team the
+ * blocks run on. */
+static inline void cypool_team_configure(int affinity, int lookout) {
     const cypool_team_api_t* a = __atomic_load_n(&cypool_team_api, __ATOMIC_RELAXED);
-    if (a->set_affinity != NULL)
-        a->set_affinity(on);
+    if (a->configure != NULL)
+        a->configure(affinity, lookout);
 }
 
 #else
@@ -950,6 +956,6 @@ static inline const void* cypool_team_libgomp(void) { return NULL; }
 static inline void cypool_team_use(const void* api) { (void)api; }
 static inline int cypool_team_is_own(void) { return 0; }
 static inline int cypool_team_counts(uint64_t* c) { (void)c; return 0; }
-static inline void cypool_team_affinity_set(int on) { (void)on; }
+static inline void cypool_team_configure(int affinity, int lookout) { (void)affinity; (void)lookout; }
 #endif
 #endif
