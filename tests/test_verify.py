@@ -667,6 +667,39 @@ def test_trace_and_backward_give_the_gradient(tmp_path, rng):
         np.testing.assert_allclose(grad[:, i], fd, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_conv_op_matches_the_reference(rng, dt):
+    """The verify net's convolution (the engine's plans, made once per batch
+    size) and its transpose, against the loop reference: strides, dilation,
+    uneven pads, stride-1 small calls, batches of 1 to 5, a copy and a
+    pickle of the op, its absolute-value forms."""
+    import pickle as pkl
+    from cypool.verify._net import Conv
+
+    tol = dict(rtol=1e-4, atol=1e-4) if dt == np.float32 else dict(rtol=1e-11, atol=1e-11)
+    for trial in range(8):
+        C, O = rng.integers(1, 5, 2)
+        H, W = rng.integers(5, 12, 2)
+        kh, kw = rng.integers(1, 4, 2)
+        stride = tuple(int(v) for v in rng.integers(1, 3, 2))
+        dil = tuple(int(v) for v in rng.integers(1, 3, 2))
+        pads = tuple(int(v) for v in rng.integers(0, 3, 4))
+        w = rng.standard_normal((O, C, kh, kw)).astype(dt)
+        op = Conv(w, rng.standard_normal(O).astype(dt), (C, H, W), stride, pads, dil)
+        pad = ((pads[0], pads[2]), (pads[1], pads[3]))
+        for n in (1, int(rng.integers(2, 6)), 1):
+            for o in (op, pkl.loads(pkl.dumps(op))):
+                X = rng.standard_normal((n, C, H, W)).astype(dt)
+                want = ref.conv2d(X, w, None, stride, pad, dil)
+                np.testing.assert_allclose(o.apply(X), want + o.bias, **tol)
+                np.testing.assert_allclose(o.radius(X), ref.conv2d(X, np.abs(w), None, stride, pad, dil), **tol)
+                A = rng.standard_normal((n,) + o.out_shape).astype(dt)
+                gx, _, _ = ref.conv2d_backward(A, X, w, stride, pad, dil)
+                np.testing.assert_allclose(o.T(A), gx, **tol)
+                gx, _, _ = ref.conv2d_backward(A, X, np.abs(w), stride, pad, dil)
+                np.testing.assert_allclose(o.T(A, absolute=True), gx, **tol)
+
+
 def test_astype_is_made_once(tmp_path, rng):
     net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 6, 3)), dtype=np.float32)
     assert net.astype(np.float32) is net
