@@ -66,8 +66,8 @@ class Conv:
     pads ``(top, left, bottom, right)``, the part on which both sides agree
     handled by the convolution engine, the rest by an explicit pad. The
     engine's plans are made once per batch size and dtype: the shapes were
-    checked when the net was read, so calls skip conv2d's checks (a third
-    of a small call's time)."""
+    checked when the net was read, so calls skip conv2d's checks (half of
+    a small call's time)."""
 
     def __init__(self, w, b, in_shape, stride, pads, dilation):
         C, H, W = in_shape
@@ -89,7 +89,7 @@ class Conv:
         self.num_threads = None
         self._plans = {}
 
-    def __getstate__(self):  # copies and pickles plan afresh (another CPU may load them)
+    def __getstate__(self):  # a copy or a pickle plans afresh (another CPU may load it)
         return dict(self.__dict__, _plans={})
 
     def _plan(self, n, dtype):
