@@ -671,7 +671,7 @@ def test_trace_and_backward_give_the_gradient(tmp_path, rng):
 def test_conv_op_matches_the_reference(rng, dt):
     """The verify net's convolution (the engine's plans, made once per batch
     size) and its transpose, against the loop reference: strides, dilation,
-    uneven pads, stride-1 small calls, batches of 1 to 5, a copy and a
+    uneven pads, stride-1 small calls, batches of 1 to 5, strided inputs, a
     pickle of the op, its absolute-value forms."""
     import pickle as pkl
     from cypool.verify._net import Conv
@@ -689,7 +689,7 @@ def test_conv_op_matches_the_reference(rng, dt):
         pad = ((pads[0], pads[2]), (pads[1], pads[3]))
         for n in (1, int(rng.integers(2, 6)), 1):
             for o in (op, pkl.loads(pkl.dumps(op))):
-                X = rng.standard_normal((n, C, H, W)).astype(dt)
+                X = rng.standard_normal((n, C, H, 2 * W)).astype(dt)[..., ::2]  # a strided view
                 want = ref.conv2d(X, w, None, stride, pad, dil)
                 np.testing.assert_allclose(o.apply(X), want + o.bias, **tol)
                 np.testing.assert_allclose(o.radius(X), ref.conv2d(X, np.abs(w), None, stride, pad, dil), **tol)
