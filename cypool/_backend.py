@@ -155,6 +155,15 @@ CPU_FEATURES = _cpu_features()
 ISA, kernels, AVAILABLE_ISAS, _FORCED = _choose()
 
 
+def _switch(name: str) -> bool:
+    """The on/off environment variable name: '1' or unset (or empty) is on,
+    '0' off; anything else is refused rather than read as on."""
+    value = os.environ.get(name, "1") or "1"
+    if value not in ("0", "1"):
+        raise ImportError(f"{name}={value!r}: use '0' (off) or '1' (on)")
+    return value == "1"
+
+
 def _team() -> tuple:
     """(table address, affinity on, lookout on) of the process's team, from
     the chosen module and the environment."""
@@ -162,8 +171,7 @@ def _team() -> tuple:
     if want not in ("cypool", "libgomp"):
         raise ImportError(f"{TEAM_ENV}={want!r}: use 'cypool' or 'libgomp'")
     own, gomp = kernels._team_tables()
-    affinity = os.environ.get(AFFINITY_ENV, "1") != "0"
-    lookout = os.environ.get(LOOKOUT_ENV, "1") != "0"
+    affinity, lookout = _switch(AFFINITY_ENV), _switch(LOOKOUT_ENV)
     if want == "libgomp" and own and not gomp:
         raise ImportError(f"{TEAM_ENV}=libgomp, but libgomp's functions were not found")
     return (gomp if want == "libgomp" else own), affinity, lookout

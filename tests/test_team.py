@@ -228,9 +228,11 @@ def test_one_team_per_process_or_libgomps(team, tmp_path):
         assert all(c == counts[0] for c in counts), got  # one team, counted once
 
 
-def test_a_wrong_team_name_is_refused(tmp_path):
+@pytest.mark.parametrize("name, value", [("CYPOOL_TEAM", "openmp"), ("CYPOOL_TEAM_LOOKOUT", "off"),
+                                         ("CYPOOL_TEAM_AFFINITY", "false")])
+def test_a_wrong_team_setting_is_refused(tmp_path, name, value):
     import sys
-    env = dict(_env(), CYPOOL_TEAM="openmp")
+    env = dict(_env(), **{name: value})
     r = subprocess.run([sys.executable, "-c", "import cypool"], capture_output=True, text=True,
                        env=env, timeout=300, cwd=tmp_path)
-    assert r.returncode != 0 and "CYPOOL_TEAM='openmp'" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and f"{name}={value!r}" in r.stderr, r.stderr[-2000:]
