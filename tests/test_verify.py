@@ -545,6 +545,43 @@ def test_dense_rows_give_the_one_hot_back_substitution(rng):
     np.testing.assert_allclose(got_neg_hi, want[3:], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("cols", [False, True])
+def test_dense_maps_under_dead_relus_sum_over_the_live_neurons(rng, monkeypatch, cols):
+    """Back through a dense map whose outputs a ReLU above mostly kills, only
+    the live neurons are summed, and the bound is still the relaxation's
+    exact one (rational arithmetic): as rows and as columns."""
+    from cypool.verify import _crown
+    from cypool.verify._net import Dense
+
+    d1 = Dense(rng.standard_normal((12, 5)), rng.standard_normal(12))
+    d1.bias[::3] -= 100  # dead on the box
+    d1.bias[1::3] += 100  # active
+    d2 = Dense(rng.standard_normal((9, 12)), rng.standard_normal(9))
+    d2.bias[:4] -= 100
+    d3 = Dense(rng.standard_normal((3, 9)), rng.standard_normal(3))
+    net = verify.Net([d1, ReLU((12,)), d2, ReLU((9,)), d3], (5,), np.float64)
+    lo = rng.standard_normal(5) - 0.5
+    hi = lo + rng.uniform(0.2, 1.5, 5)
+    _, relax, _ = _crown.bounds(net, lo, hi, charge=False)
+    for i, n in ((1, 12), (3, 9)):  # some dead, some not
+        assert 4 <= (relax[i][1] == 0).sum() < n
+    seen = []
+    for name in ("T", "T_cols"):
+        def spy(self, A, buffers=None, live=None, _f=getattr(Dense, name)):
+            seen.append(None if live is None else list(live))
+            return _f(self, A, buffers=buffers, live=live)
+        monkeypatch.setattr(Dense, name, spy)
+    C = rng.standard_normal((4, 3))
+    A = np.ascontiguousarray(C.T) if cols else C.copy()
+    got = _crown._backsub(net.ops, relax, A, lo, hi, cols=cols)
+    assert seen == [None, list(np.flatnonzero(relax[3][1])), list(np.flatnonzero(relax[1][1]))]
+    layers = [("dense", d1.W, d1.bias), ("relu",), ("dense", d2.W, d2.bias), ("relu",), ("dense", d3.W, d3.bias)]
+    rx = [relax[1], relax[3]]
+    for k in range(4):
+        want = float(ref.backsub_exact(layers, rx, C[k], lo, hi))
+        assert abs(got[k] - want) <= 1e-12 * (1 + abs(want))
+
+
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_rows_as_columns_give_the_bounds_of_rows(rng, monkeypatch, dt):
     """Back-substitution with the rows as the last axis (the vector

@@ -44,13 +44,22 @@ class Dense:
             self._WT = np.ascontiguousarray(self.W.T)
         return self._WT
 
-    def T(self, A, absolute=False, buffers=None):
+    def T(self, A, absolute=False, buffers=None, live=None):
+        """A @ W; live: the output indices outside which A's columns are 0
+        (a dead ReLU above), the only ones summed."""
         W = self.absW() if absolute else self.W
-        return np.matmul(A, W, out=kept(buffers, ("T", id(self)), (A.shape[0], W.shape[1]), A.dtype))
+        out = kept(buffers, ("T", id(self)), (A.shape[0], W.shape[1]), A.dtype)
+        if live is not None:
+            A, W = A[:, live], W[live]
+        return np.matmul(A, W, out=out)
 
-    def T_cols(self, A, buffers=None):
+    def T_cols(self, A, buffers=None, live=None):
+        """T with the rows as A's last axis: W.T @ A; live as in T."""
         out = kept(buffers, ("Tc", id(self)), (self.W.shape[1], A.shape[1]), A.dtype, True)
-        return np.matmul(self.W.T, A, out=out)
+        W = self.W
+        if live is not None:
+            A, W = A[live], W[live]
+        return np.matmul(W.T, A, out=out)
 
     def radius(self, R):
         """|W| R: the radius of the image of a box of radius R."""
