@@ -438,11 +438,7 @@ def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_
     grad_bias = g5[..., 0].sum(axis=(0, 2, 3))
     touched = g5.size + x5.size
     if needs_input_grad:
-        w2 = padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
-        threads = threads_for(nt, touched, N * H * W)
-        ec = _e_chunk(E, -(-kh // sh), O * geom.OW, dt.itemsize)  # input rows reach ceil(kh/sh) output rows
-        kernel("vector_conv2d_input_grad", dt)(g5, w2, gx5, sh, sw, ph, pw, dh, dw, kh, kw, ec,
-                                               threads)
+        vector_input_grad_into(gx5, g5, weight, geom, nt)
         grad_x = gx5 if batched else gx5[0]
     if needs_weight_grad:
         x5c = chk.contiguous(x5, dt)
@@ -456,6 +452,25 @@ def vector_backward(g, xc, weight, batched: bool, call: VectorCall, needs_input_
             grad_w = grad_w + partial[s]
         grad_w = grad_w.reshape(weight.shape)
     return grad_x, grad_w, grad_bias
+
+
+def vector_input_grad_into(gx5, g5, weight, geom: geo.WindowGeometry, nt: int,
+                           skip_zero_taps: bool = False) -> None:
+    """The vector convolution's input gradient by the E-vectorised tiles,
+    from g5 (N, O, OH, OW, E) into gx5 (N, C, H, W, E), both C-contiguous
+    in weight's dtype, geom checked. skip_zero_taps: leave out the rows of
+    g5 that are all zero in an E chunk (the coefficients of a back-
+    substitution's dead ReLUs), where weight is finite."""
+    dt = gx5.dtype
+    N, C, H, W, E = gx5.shape
+    O = weight.shape[0]
+    kh, kw, sh, sw, ph, pw, dh, dw = geom.window
+    w2 = padded_columns(weight.transpose(2, 3, 0, 1).reshape(kh * kw * O, C))
+    threads = threads_for(nt, g5.size + gx5.size, N * H * W)
+    ec = _e_chunk(E, -(-kh // sh), O * geom.OW, dt.itemsize)  # input rows reach ceil(kh/sh) output rows
+    skip = skip_zero_taps and bool(np.isfinite(weight).all())
+    kernel("vector_conv2d_input_grad", dt)(g5, w2, gx5, sh, sw, ph, pw, dh, dw, kh, kw, ec, skip,
+                                           threads)
 
 
 def _rows_backward(g5, x5, weight, p: Plan, batched, needs_input_grad, needs_weight_grad, nt, gx):

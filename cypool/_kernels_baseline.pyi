@@ -32,7 +32,7 @@ def vector_conv2d_forward(
 def vector_conv2d_input_grad(
     gout: NDArray, w2: NDArray, gx: NDArray,
     sh: int, sw: int, ph: int, pw: int, dh: int, dw: int, kh: int, kw: int,
-    e_chunk: int, num_threads: int,
+    e_chunk: int, skip: bool, num_threads: int,
 ) -> None: ...
 def vector_conv2d_weight_grad(
     gout: NDArray, x: NDArray, partial: NDArray,

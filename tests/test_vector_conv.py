@@ -490,3 +490,42 @@ def test_small_e_sweep_matches_reference(rng, E, dtype):
         for got, want in zip(cypool.vector_conv2d_backward(gv, xv, w, **geo, num_threads=nt),
                              ref.vector_conv2d_backward(g.astype(np.float64), x64, w64, *args)):
             np.testing.assert_allclose(got, want, **tol(dtype))
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("stride, padding, dilation", [(1, 0, 1), (2, 1, 1), (1, 2, 2), ((2, 1), (0, 1), (1, 2))])
+def test_input_grad_leaves_out_zero_rows_exactly(rng, dt, stride, padding, dilation):
+    """The input gradient by the tiles leaves out the gradient rows that are
+    all zero in a chunk of E (a back-substitution's dead ReLUs): the sums
+    over every row, and the reference's; a row of NaN or one nonzero value
+    is kept; with a weight of inf, every row again (inf * 0 is NaN)."""
+    from cypool import _conv_engine as engine
+    from cypool import _geometry as geo
+
+    E = 61
+    x = np.zeros((1, 5, 9, 8, E), dt)
+    w = rng.standard_normal((6, 5, 3, 3)).astype(dt)
+    _, _, _, geom = geo.vector_conv_args(x, w, stride, padding, dilation)
+    OH, OW = geom.out_hw
+    g = rng.standard_normal((1, 6, OH, OW, E)).astype(dt)
+    g[0, rng.random((6, OH, OW)) < 0.5] = 0  # dead neurons
+    g[0, 1, 0, 0] = -0.0
+    g[0, 2, 0, 0] = 0
+    g[0, 2, 0, 0, E - 1] = 3  # one value at the end of the row
+    every, skip = np.empty(x.shape, dt), np.empty(x.shape, dt)
+    for nt in (1, 2):
+        engine.vector_input_grad_into(every, g, w, geom, nt)
+        engine.vector_input_grad_into(skip, g, w, geom, nt, skip_zero_taps=True)
+        np.testing.assert_allclose(skip, every, rtol=4 * np.finfo(dt).eps, atol=4 * np.finfo(dt).eps)
+    want, _, _ = ref.vector_conv2d_backward(g.astype(np.float64), x, w.astype(np.float64),
+                                            geom.window[2:4], geom.window[4:6], geom.window[6:8])
+    np.testing.assert_allclose(skip, want, **tol(dt))
+    g[0, 3, 1, 1] = np.nan
+    engine.vector_input_grad_into(skip, g, w, geom, 1, skip_zero_taps=True)
+    assert np.isnan(skip).any()
+    g[0, 3, 1, 1] = 0
+    w[2, 1, 0, 0] = np.inf
+    engine.vector_input_grad_into(every, g, w, geom, 1)
+    engine.vector_input_grad_into(skip, g, w, geom, 1, skip_zero_taps=True)
+    np.testing.assert_array_equal(skip, every)
+    assert np.isnan(skip).any()

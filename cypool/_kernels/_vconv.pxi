@@ -279,12 +279,13 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
 
 cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating[:, ::1] w2,
                             floating[:, :, :, :, ::1] gx, const ConvGeom* g, Py_ssize_t e_chunk,
-                            Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+                            Py_ssize_t q0, Py_ssize_t q1, bint skip) noexcept nogil:
     """Input pixels [q0, q1) (pixel q is (n, ih, iw) in row-major order), E
     in chunks of e_chunk, with buffers of this thread's own; 1 when out of
-    memory."""
+    memory. skip: leave out the taps whose gradient rows are zero in a
+    chunk."""
     cdef Py_ssize_t K = w2.shape[0], Cp = w2.shape[1], q, n, ih, iw, i, j, o, c, a, b, oh, ow
-    cdef Py_ssize_t ntaps, e_lo
+    cdef Py_ssize_t ntaps, e_lo, e_hi, t, live
     cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(Cp * sizeof(void*))
     cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
@@ -296,6 +297,7 @@ cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating
     if not failed:
         e_lo = 0
         while e_lo < g.E:
+            e_hi = min(e_lo + e_chunk, g.E)
             for q in range(q0, q1):
                 n = q // (g.H * g.W)
                 ih = (q // g.W) % g.H
@@ -315,14 +317,22 @@ cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating
                             xs[ntaps] = &gout[n, o, oh, ow, 0]
                             kidx[ntaps] = (i * g.kw + j) * g.O + o
                             ntaps = ntaps + 1
+                if skip:
+                    live = 0
+                    for t in range(ntaps):
+                        if _any_nonzero(xs[t] + e_lo, e_hi - e_lo):
+                            xs[live] = xs[t]
+                            kidx[live] = kidx[t]
+                            live = live + 1
+                    ntaps = live
                 for c in range(g.C):
                     outs[c] = &gx[n, c, ih, iw, 0]
                 if ntaps == 0:
                     for c in range(g.C):
-                        memset(outs[c] + e_lo, 0, (min(e_lo + e_chunk, g.E) - e_lo) * sizeof(floating))
+                        memset(outs[c] + e_lo, 0, (e_hi - e_lo) * sizeof(floating))
                 else:
                     wrows = _weight_rows(&w2[0, 0], Cp, ntaps, K, kidx, wbuf)
-                    _vc_pixel(ntaps, xs, wrows, Cp, e_lo, min(e_lo + e_chunk, g.E), g.C, outs,
+                    _vc_pixel(ntaps, xs, wrows, Cp, e_lo, e_hi, g.C, outs,
                               <const floating*>NULL, pack, pp)
             e_lo = e_lo + e_chunk
     free(xs)
@@ -338,10 +348,12 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
                              floating[:, :, :, :, ::1] gx,          # OUT (N, C, H, W, E)
                              Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
                              Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t kh, Py_ssize_t kw,
-                             Py_ssize_t e_chunk, int num_threads):
+                             Py_ssize_t e_chunk, bint skip, int num_threads):
     """grad_x[n, c, ih, iw] = sum over (i, j, o) reaching (ih, iw) of
     w[o, c, i, j] * grad_out[n, o, oh, ow]: a gather, so pixels are
-    independent. E is swept in chunks, as in the forward."""
+    independent. E is swept in chunks, as in the forward. skip: leave out
+    the grad_out rows that are zero in a chunk (the same sums where w is
+    finite; a back-substitution's dead ReLUs)."""
     cdef ConvGeom g
     cdef Py_ssize_t P
     cdef Py_ssize_t start, end, B
@@ -355,7 +367,7 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
     if num_threads == 1:
         _set_serial_team()
         with nogil:
-            failed[0] = _input_grad_pixels(gout, w2, gx, &g, e_chunk, 0, P)
+            failed[0] = _input_grad_pixels(gout, w2, gx, &g, e_chunk, 0, P, skip)
     else:
         B = _claim_block(P, num_threads)
         _team_begin(&team)
@@ -364,7 +376,7 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
             end = -1
             start = _claim(&team, P, B, &end)
             while start < P:
-                if _input_grad_pixels(gout, w2, gx, &g, e_chunk, start, end):
+                if _input_grad_pixels(gout, w2, gx, &g, e_chunk, start, end, skip):
                     fail[0] = 1
                 start = _claim(&team, P, B, &end)
         _team_end(&team)

@@ -17,6 +17,8 @@ import numpy as np
 
 from .. import _checks as chk
 from .. import _conv_engine as engine
+from .. import _geometry as geo
+from .._select import VectorAlgo, select_vector_backward
 from ..vector_conv import vector_conv2d_backward
 
 __all__ = ["Dense", "Conv", "Elementwise", "Reshape", "ReLU", "Net", "Buffers"]
@@ -93,6 +95,7 @@ class Conv:
         if OH < 1 or OW < 1:
             raise ValueError(f"the kernel {(kh, kw)} is larger than the padded input {in_shape}")
         self.out_shape = (w.shape[0], OH, OW)
+        self._window = geo.WindowGeometry(kh, kw, *stride, ph, pw, dh, dw, OH, OW)
         self.bias = np.broadcast_to(np.asarray(b, w.dtype).reshape(-1, 1, 1), self.out_shape).copy()
         self._absw = None
         self.num_threads = None
@@ -152,16 +155,24 @@ class Conv:
 
     def T_cols(self, A, buffers=None):
         """T with the rows as A's last axis: the vector convolution's input
-        gradient, E = K."""
+        gradient, E = K. By its E-vectorised tiles (where its own choice is
+        them), with the coefficient rows that are all zero left out: a dead
+        ReLU's, half of them on oval21's net."""
         (et, eb), (el, er) = self.extra
         C, H, W = self.in_shape
-        shape = (C, H + et + eb, W + el + er, A.shape[-1])
+        K = A.shape[-1]
+        shape = (C, H + et + eb, W + el + er, K)
         out = kept(buffers, ("Tc", id(self)), shape, A.dtype, True)
-        g, _, _ = vector_conv2d_backward(np.ascontiguousarray(A),
-                                         np.broadcast_to(np.zeros((), A.dtype), shape), self.w,
-                                         self.stride, self.sym, self.dilation,
-                                         needs_weight_grad=False, grad_x_out=out,
-                                         num_threads=self.num_threads)
+        A = np.ascontiguousarray(A, self.w.dtype)
+        if select_vector_backward(K, *self.stride) == VectorAlgo.TILES:
+            engine.vector_input_grad_into(out[None], A[None], self.w, self._window,
+                                          chk.num_threads_arg(self.num_threads), skip_zero_taps=True)
+            g = out
+        else:
+            g, _, _ = vector_conv2d_backward(A, np.broadcast_to(np.zeros((), A.dtype), shape), self.w,
+                                             self.stride, self.sym, self.dilation,
+                                             needs_weight_grad=False, grad_x_out=out,
+                                             num_threads=self.num_threads)
         return g[:, et:et + H, el:el + W]
 
     @property
