@@ -297,6 +297,38 @@ def test_check_holds_violated_and_unknown(tmp_path, rng):
     assert robustness_spec(x, x, wrong, 3).is_counterexample(cy)
 
 
+def test_a_conjunct_without_output_constraints_is_violated_anywhere(tmp_path, rng):
+    """A disjunct with no output row holds of every output: a counterexample
+    at any point of its box, first, last or alone among the disjuncts (the
+    stacked rows once read a neighbour's row for it, or ran off the end)."""
+    net = verify.load_onnx(random_dense_net(tmp_path, rng, (3, 6, 2)))
+    text = """(declare-const X_0 Real)
+(declare-const X_1 Real)
+(declare-const X_2 Real)
+(declare-const Y_0 Real)
+(declare-const Y_1 Real)
+(assert (>= X_0 -1))
+(assert (<= X_1 1))
+(assert (>= X_1 -1))
+(assert (<= X_2 1))
+(assert (>= X_2 -1))
+(assert (or (and (<= X_0 1) (<= Y_0 -1000)) (and (<= X_0 0.5))))
+"""
+    specs = verify.read_vnnlib(write(tmp_path, "empty.vnnlib", text))
+    assert [len(A) for s in specs for A, _ in s.disjuncts] == [1, 0]
+    res = verify.check(net, specs)
+    assert res.status == "violated" and res.counterexample[0][0] <= 0.5
+    far = (np.array([[1.0, -1.0]]), np.array([-1000.0]))  # y0 - y1 <= -1000: never on this box
+    none = (np.zeros((0, 2)), np.zeros(0))
+    for disjuncts in ([none], [far, none], [none, far], [far, none, far]):
+        spec = verify.Spec(-np.ones(3), np.ones(3), disjuncts)
+        res = verify.check(net, spec)
+        assert res.status == "violated" and spec.is_counterexample(res.counterexample[1])
+        assert verify.attack(net, spec) is not None
+    res = verify.check(net, verify.Spec(-np.ones(3), np.ones(3), [far, far]))
+    assert res.status == "holds" and [len(m) for m in res.lower[0]] == [1, 1]
+
+
 def test_verdicts_agree_with_an_attack(tmp_path, rng):
     """Over random nets and boxes: a "holds" is never broken by a strong
     attack, and every "violated" carries a counterexample."""

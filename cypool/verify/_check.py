@@ -44,6 +44,9 @@ class _Rows:
     disjunct, for :meth:`violations` on a batch in one product."""
 
     def __init__(self, disjuncts):
+        # a disjunct of no rows holds of every output: the row 0 . y <= 0
+        n = disjuncts[0][0].shape[1]
+        disjuncts = [(A, b) if len(A) else (np.zeros((1, n)), np.zeros(1)) for A, b in disjuncts]
         self.A = np.concatenate([A for A, _ in disjuncts])
         self.b = np.concatenate([b for _, b in disjuncts])
         sizes = [len(A) for A, _ in disjuncts]
@@ -61,22 +64,25 @@ class _Rows:
 
 
 def _checked_specs(net, spec):
-    """spec as a list of Specs, each checked against net."""
+    """spec as a list of (Spec, its _Rows), each checked against net."""
     if not isinstance(net, Net):
         raise TypeError(f"net must be a network from load_onnx, got {type(net).__name__}")
     specs = spec if isinstance(spec, (list, tuple)) else [spec]
     if not specs or not all(isinstance(s, Spec) for s in specs):
         raise TypeError("spec must be a Spec from read_vnnlib, or a non-empty list of them")
+    out = []
     for s in specs:
         if s.n_inputs != net.n_inputs:
             raise ValueError(f"spec has {s.n_inputs} inputs but the net takes {net.n_inputs}")
         if s.n_outputs != net.n_outputs:
             raise ValueError(f"spec constrains {s.n_outputs} outputs but the net has {net.n_outputs}")
-        if not (np.isfinite(s.lower).all() and np.isfinite(s.upper).all()):
+        if not np.isfinite(s.lower).all() & np.isfinite(s.upper).all():
             raise ValueError("spec's input bounds must be finite")
-        if any(not (np.isfinite(A).all() and np.isfinite(b).all()) for A, b in s.disjuncts):
+        rows = _Rows(s.disjuncts)
+        if not np.isfinite(rows.A).all() & np.isfinite(rows.b).all():
             raise ValueError("spec's output constraints must be finite")
-    return list(specs)
+        out.append((s, rows))
+    return out
 
 
 def _count(name, v, least):
@@ -101,14 +107,14 @@ def attack(net: Net, spec: Spec, *, steps=10, points=8, seed=0, deadline=None, p
     ``deadline`` (a ``time.perf_counter()`` value)."""
     if isinstance(spec, (list, tuple)):
         raise TypeError("spec must be one Spec (attack each box of a list on its own)")
-    _checked_specs(net, spec)
+    (_, rows), = _checked_specs(net, spec)
     _count("steps", steps, 0)
     _count("points", points, 1)
     _count("patience", patience, 1)
     _number("min_gain", min_gain, lambda v: 0 <= v < 1, "a number in [0, 1)")
     if deadline is not None:
         _number("deadline", deadline, lambda v: True, "a time.perf_counter() value or None")
-    return _attack(net, spec, _starts(spec, points, seed), steps, deadline, patience, min_gain)
+    return _attack(net, spec, rows, _starts(spec, points, seed), steps, deadline, patience, min_gain)
 
 
 def _starts(spec, points, seed):
@@ -136,13 +142,12 @@ def _draws(n, corners, inside, seed):
     return out
 
 
-def _attack(net, spec, X, steps, deadline, patience, min_gain, keep=None):
-    """PGD from the points X (see attack); keep: after the first trace,
-    only the keep points of least violation go on."""
+def _attack(net, spec, spec_rows, X, steps, deadline, patience, min_gain, keep=None):
+    """PGD from the points X (see attack), spec_rows its _Rows; keep: after
+    the first trace, only the keep points of least violation go on."""
     lo, hi = spec.lower, spec.upper
     f64 = net.astype(np.float64)
     width = hi - lo
-    spec_rows = _Rows(spec.disjuncts)
     best, stale = np.inf, 0
     for k in range(steps + 1):
         Y, masks = f64.trace(X)
@@ -196,31 +201,27 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
     deadline = None if timeout is None else t0 + timeout
     lowers = []
     undecided = []
-    for s in specs:
+    for s, rows in specs:
         # the centre and a corner: most counterexamples are found here, in a
         # few steps that each lower the violation by far more than 2%
-        cex = _attack(net, s, _starts(s, 2, 0), 5, None, 2, 0.02)
+        cex = _attack(net, s, rows, _starts(s, 2, 0), 5, None, 2, 0.02)
         if cex is not None:
             return Result("violated", cex, time=time.perf_counter() - t0)
         _, relax, charge = bounds(net, s.lower, s.upper)
-        C = np.concatenate([A for A, _ in s.disjuncts])
-        lb, corners = output_lower(net, relax, charge, C, s.lower, s.upper, inputs=True)
-        per, k = [], 0
-        for A, b in s.disjuncts:
-            per.append(lb[k:k + len(A)] - b)
-            k += len(A)
-        lowers.append(per)
-        if not all((m > 0).any() for m in per):
-            worst = np.argsort(np.concatenate(per), kind="stable")[:GUIDED_STARTS]
-            undecided.append((s, corners[worst]))
+        lb, corners = output_lower(net, relax, charge, rows.A, s.lower, s.upper, inputs=True)
+        margin = lb - rows.b
+        lowers.append([m[:len(A)] for m, (A, _) in zip(np.split(margin, rows.starts[1:]), s.disjuncts)])
+        if not (np.maximum.reduceat(margin, rows.starts) > 0).all():
+            worst = np.argsort(margin, kind="stable")[:GUIDED_STARTS]
+            undecided.append((s, rows, corners[worst]))
         if deadline is not None and time.perf_counter() > deadline:
             return Result("unknown", lower=lowers, time=time.perf_counter() - t0, timed_out=True)
     if not undecided:
         return Result("holds", lower=lowers, time=time.perf_counter() - t0)
-    for s, corners in undecided:
+    for s, rows, corners in undecided:
         # where each row's linear lower bound is least: the relaxation's
         # worst points, traced together; the two most violating go on
-        cex = _attack(net, s, corners, attack_steps, deadline, 2, 0.02, keep=2)
+        cex = _attack(net, s, rows, corners, attack_steps, deadline, 2, 0.02, keep=2)
         if cex is not None:
             return Result("violated", cex, lower=lowers, time=time.perf_counter() - t0)
     timed_out = deadline is not None and time.perf_counter() > deadline
