@@ -107,18 +107,25 @@ cdef inline bint _any_nonzero(const floating* v, Py_ssize_t n) noexcept nogil:
     return found
 
 
-cdef inline Py_ssize_t _live_taps(const floating* xn, const ConvGeom* g, Py_ssize_t oh,
-                                  Py_ssize_t ow, Py_ssize_t e_lo, Py_ssize_t e_hi,
-                                  const floating** xs, Py_ssize_t* kidx) noexcept nogil:
-    """_forward_taps less the taps whose components [e_lo, e_hi) are all
-    zero (in a zonotope after a ReLU: the dead neurons). Returns how many."""
-    cdef Py_ssize_t t, n = 0, ntaps = _forward_taps(xn, g, oh, ow, xs, kidx)
+cdef inline Py_ssize_t _nonzero_taps(Py_ssize_t ntaps, Py_ssize_t e_lo, Py_ssize_t e_hi,
+                                     const floating** xs, Py_ssize_t* kidx) noexcept nogil:
+    """Compacts the taps xs[:ntaps], kidx[:ntaps] to those whose rows have a
+    nonzero in [e_lo, e_hi) (_any_nonzero). Returns how many are left."""
+    cdef Py_ssize_t t, n = 0
     for t in range(ntaps):
         if _any_nonzero(xs[t] + e_lo, e_hi - e_lo):
             xs[n] = xs[t]
             kidx[n] = kidx[t]
             n = n + 1
     return n
+
+
+cdef inline Py_ssize_t _live_taps(const floating* xn, const ConvGeom* g, Py_ssize_t oh,
+                                  Py_ssize_t ow, Py_ssize_t e_lo, Py_ssize_t e_hi,
+                                  const floating** xs, Py_ssize_t* kidx) noexcept nogil:
+    """_forward_taps less the taps whose components [e_lo, e_hi) are all
+    zero (in a zonotope after a ReLU: the dead neurons). Returns how many."""
+    return _nonzero_taps(_forward_taps(xn, g, oh, ow, xs, kidx), e_lo, e_hi, xs, kidx)
 
 
 cdef inline void _all_taps(const floating* xn, const ConvGeom* g, Py_ssize_t oh,
@@ -285,7 +292,7 @@ cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating
     memory. skip: leave out the taps whose gradient rows are zero in a
     chunk."""
     cdef Py_ssize_t K = w2.shape[0], Cp = w2.shape[1], q, n, ih, iw, i, j, o, c, a, b, oh, ow
-    cdef Py_ssize_t ntaps, e_lo, e_hi, t, live
+    cdef Py_ssize_t ntaps, e_lo, e_hi
     cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(Cp * sizeof(void*))
     cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
@@ -318,13 +325,7 @@ cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating
                             kidx[ntaps] = (i * g.kw + j) * g.O + o
                             ntaps = ntaps + 1
                 if skip:
-                    live = 0
-                    for t in range(ntaps):
-                        if _any_nonzero(xs[t] + e_lo, e_hi - e_lo):
-                            xs[live] = xs[t]
-                            kidx[live] = kidx[t]
-                            live = live + 1
-                    ntaps = live
+                    ntaps = _nonzero_taps(ntaps, e_lo, e_hi, xs, kidx)
                 for c in range(g.C):
                     outs[c] = &gx[n, c, ih, iw, 0]
                 if ntaps == 0:
