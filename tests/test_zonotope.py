@@ -715,3 +715,39 @@ def test_banded_head_matches_reference(rng, C, s1, p1, d1, s2, p2, d2):
         np.testing.assert_allclose(z[..., 0], want[..., 0], rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(np.sort(np.abs(z[..., 1:]).sum((0, 1, 2))),
                                    np.sort(np.abs(want[..., 1:]).sum((0, 1, 2))), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("k, stride, padding, dilation", [(4, 2, 1, 1), (3, 1, 0, 1), (3, 2, 2, 2), (2, 3, 0, 1)])
+def test_new_generators_ordered_by_the_first_output_they_reach(rng, k, stride, padding, dilation):
+    """reach_order sorts neurons by the first output pixel (row-major) of
+    the convolution that reads them, ties in their given order, those read
+    by none last; the banded head writes its ReLU's new generators so."""
+    C, H, W, O = 3, 7, 6, 2
+    w = np.ones((O, C, k, k))
+    _, _, _, geom = geo.vector_conv_args(np.zeros((C, H, W, 1)), w, stride, padding, dilation)
+    idx = rng.permutation(C * H * W)[:50]
+    first = []
+    for i in idx:  # the one-hot image's convolution: the first output it is nonzero at
+        x = np.zeros((1, C, H, W, 1))
+        x.reshape(-1)[i] = 1.0
+        y = ref.vector_conv2d(x, w, None, (stride,) * 2, (padding,) * 2, (dilation,) * 2)[0, 0, ..., 0]
+        hit = np.flatnonzero(y.reshape(-1))
+        first.append(hit[0] if hit.size else y.size)
+    first = np.array(first)
+    order = fused.reach_order(idx, geom.window, H, W, geom.OH, geom.OW)
+    assert sorted(order) == list(range(idx.size))
+    assert (np.diff(first[order]) >= 0).all()
+    for f in np.unique(first):  # stable
+        same = order[first[order] == f]
+        assert (np.diff(same) > 0).all()
+    # the head: each new generator's column reaches its first output pixel in that order
+    conv1 = {"weight": rng.standard_normal((4, 1, 4, 4)), "bias": np.zeros(4), "stride": 2, "padding": 1}
+    conv2 = {"weight": rng.standard_normal((3, 4, 4, 4)), "bias": np.zeros(3), "stride": 2, "padding": 1}
+    head = Z.Network.from_layers([conv1, "relu", conv2])
+    x = rng.random((1, 16, 16))
+    z = fused.banded_head(x, 0.2, (0.0, 1.0), *head.layers, N._Workspace(), None)
+    tail = z[..., 1 + x.size:]
+    assert tail.shape[-1] > 10
+    reached = np.abs(tail).sum(axis=0).reshape(-1, tail.shape[-1]) > 0  # (pixels, generators)
+    assert reached.any(axis=0).all()
+    assert (np.diff(reached.argmax(axis=0)) >= 0).all()
