@@ -671,18 +671,21 @@ def test_certify_times_each_step(rng):
     assert "from_box" in times
 
 
-@pytest.mark.parametrize("C, s1, p1, d1, s2, p2, d2", [
-    (1, 2, 0, 1, 2, 0, 1),   # ConvSmall's
-    (1, 2, 1, 1, 2, 1, 1),   # ConvMed's
-    (3, 1, 1, 1, 2, 1, 1),   # several channels: generators reordered
-    (2, 1, 0, 2, 1, 2, 2),   # dilations
-    (2, 2, 1, 1, 1, 0, 1),
+@pytest.mark.parametrize("C, k1, s1, p1, d1, s2, p2, d2", [
+    (1, 3, 2, 0, 1, 2, 0, 1),
+    (1, 4, 2, 0, 1, 2, 0, 1),   # ConvSmall's: windows of whole strips of 2 rows
+    (1, 4, 2, 1, 1, 2, 1, 1),   # ConvMed's
+    (2, 4, 2, 1, 1, 1, 1, 1),   # strips of 2 rows, several channels
+    (2, 2, 2, 1, 3, 1, 0, 1),   # strips of 2 rows, dilated windows
+    (3, 3, 1, 1, 1, 2, 1, 1),   # several channels: generators reordered
+    (2, 3, 1, 0, 2, 1, 2, 2),   # dilations
+    (2, 3, 2, 1, 1, 1, 0, 1),
 ])
-def test_banded_head_matches_reference(rng, C, s1, p1, d1, s2, p2, d2):
+def test_banded_head_matches_reference(rng, C, k1, s1, p1, d1, s2, p2, d2):
     """conv, ReLU, conv by row bands (Network.certify's head): the
     reference's margins, and the whole zonotope's bounds as the layers one
     by one give them, through padding, strides, dilation and points."""
-    w1 = rng.standard_normal((4, C, 3, 3)) * 0.5
+    w1 = rng.standard_normal((4, C, k1, k1)) * 0.5
     b1 = rng.standard_normal(4) * 0.1
     w2 = rng.standard_normal((3, 4, 3, 3)) * 0.4
     b2 = rng.standard_normal(3) * 0.1

@@ -143,12 +143,13 @@ def append_tail(z, idx, mu, alloc):
 
 # The banded head. After a first convolution, the generator of input pixel
 # (c, h, w) is zero in every output row whose window misses row h: with the
-# generators in (h, w, c) order, output row r of the convolution holds
-# nonzeros only in a band [lo[r], hi[r]) of generators. The first
-# convolution and its ReLU then keep each row's band alone ("banded
-# storage": row r's columns 1.. are generators lo[r]..), and the second
+# generators in row order (by strips of rows, see banded_head), output row
+# r of the convolution holds nonzeros only in a band [lo[r], hi[r]) of
+# generators. The first convolution and its ReLU then keep each row's band
+# alone ("banded storage": row r's columns 1.. are generators lo[r]..),
+# and the second
 # convolution reads, for each of its output rows, the bands of the rows in
-# its window. Generators in (h, w, c) order rather than C order change no
+# its window. Generators in this order rather than C order change no
 # certificate (bounds and margins sum over generators in any order).
 
 def banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
@@ -163,21 +164,28 @@ def banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
     t0 = time.perf_counter()
     C, H, W = shape
     dt = w1.dtype
-    # the free pixels (whose box is not a point), in (h, w, c) order
-    order = np.arange(C * H * W).reshape(C, H, W).transpose(1, 2, 0).ravel()
+    kh, kw = w1.shape[2:]
+    sh, sw, ph, pw, dh, dw = geo.step_params(conv1.stride, conv1.padding, conv1.dilation)
+    span = (kh - 1) * dh + 1
+    # the free pixels (whose box is not a point) in strips of sr rows, each
+    # in (w, h, c) order: sr = sh where conv1's windows cover whole strips
+    # (then 24 generators are 12 columns by 2 rows, not 24 by 1, and reach
+    # fewer neurons of the layers after), else rows
+    sr = sh if span % sh == 0 else 1
+    c, h, w = np.indices(shape).reshape(3, -1)
+    order = np.lexsort((c, h, w, (h + ph) // sr))
     pix = order[half[order] > 0]
     n = pix.size
     gen = np.full(C * H * W, -1, np.intp)
     gen[pix] = np.arange(n)
-    row_start = np.searchsorted(pix // W % H, np.arange(H + 1))  # pixel row h: [row_start[h], row_start[h + 1])
+    strip_start = np.searchsorted((pix // W % H + ph) // sr, np.arange((H - 1 + ph) // sr + 2))
     c_out = conv2d(centre.reshape(shape + (1,)).astype(dt), w1, conv1.bias, conv1.stride, conv1.padding,
                    conv1.dilation, num_threads=conv1.num_threads)
     O1, OH1, OW1, _ = c_out.shape
-    kh, kw = w1.shape[2:]
-    sh, sw, ph, pw, dh, dw = geo.step_params(conv1.stride, conv1.padding, conv1.dilation)
     top = np.arange(OH1) * sh - ph
-    lo = row_start[np.clip(top, 0, H)]
-    hi = row_start[np.clip(top + (kh - 1) * dh + 1, 0, H)]
+    first, last = np.clip(top, 0, H), np.clip(top + span, 0, H)  # the window's rows [first, last)
+    lo = strip_start[(first + ph) // sr]
+    hi = np.where(last > first, strip_start[(last - 1 + ph) // sr + 1], lo)
     band = int((hi - lo).max())
     zb = ws.taker(None)((O1, OH1, OW1, 1 + band), dt)
     zb.fill(0)
