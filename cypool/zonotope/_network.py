@@ -125,10 +125,10 @@ class Network:
         is classified as label: :func:`certify` of the output of
         :func:`from_box`, in the network's dtype (see :func:`certify` for
         the result and the margins). It takes the structure of the box's
-        generators into account (by row bands, in (h, w, c) order, through
-        a first convolution, ReLU and convolution), which changes no
-        answer: the margins are those of the layers one by one, to
-        rounding.
+        generators into account (by row bands, the generators in the order
+        of the pixels they reach, through a first convolution, ReLU and
+        convolution), which changes no answer: the margins are those of
+        the layers one by one, to rounding.
 
         A batch (x of shape ``(N, ...)``, label N integers) is certified
         image by image: ``certified`` is then an (N,) bool array, and the
