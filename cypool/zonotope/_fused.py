@@ -147,10 +147,10 @@ def append_tail(z, idx, mu, alloc):
 # r of the convolution holds nonzeros only in a band [lo[r], hi[r]) of
 # generators. The first convolution and its ReLU then keep each row's band
 # alone ("banded storage": row r's columns 1.. are generators lo[r]..),
-# and the second
-# convolution reads, for each of its output rows, the bands of the rows in
-# its window. Generators in this order rather than C order change no
-# certificate (bounds and margins sum over generators in any order).
+# and the second convolution reads, for each of its output rows, the bands
+# of the rows in its window. Generators in this order rather than C order
+# change no certificate (bounds and margins sum over generators in any
+# order).
 
 def banded_head(x, eps, clip, conv1, relu, conv2, ws, times):
     """conv2(relu(conv1(box))) of an image x, by bands; None where x is not
