@@ -813,3 +813,46 @@ def test_attack_stops_when_steps_gain_too_little(tmp_path, rng, monkeypatch):
     script = iter([1.0, 0.99, 0.5, 0.499, 0.498, 0.497, 0.496, 0.495])
     assert _check.attack(net, spec, steps=7, points=2, patience=2) is None
     assert seen == [1.0, 0.99, 0.5, 0.499, 0.498, 0.497, 0.496, 0.495]  # each one lower: no stop
+
+
+def test_first_attack_stops_where_its_pace_cannot_reach_zero(tmp_path, rng, monkeypatch):
+    """reach: the attack stops once the least violation, falling by its last
+    fall at each step left, would stay above 0 (a rise stops it at once);
+    check's attack before the bounds runs so."""
+    from cypool.verify import _check
+
+    net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 6, 3)))
+    spec = robustness_spec(np.zeros(4), np.ones(4), 0, 3)
+    (_, rows), = _check._checked_specs(net, spec)
+    seen = []
+
+    def scripted(values):
+        values = iter(values)
+
+        def violations(self, Y):
+            seen.append(next(values))
+            return np.full(len(Y), seen[-1]), np.tile(self.A[0], (len(Y), 1))
+        monkeypatch.setattr(_check._Rows, "violations", violations)
+
+    def run(reach):
+        seen.clear()
+        X = _check._starts(spec, 2, 0)
+        return _check._attack(net, spec, rows, X, 5, None, 9, 0.0, reach=reach)
+
+    paced = [1.0, 0.75, 0.5, 0.375, 0.25, 0.125]  # 0.75 and 0.5 can reach 0 in 4 and 3 steps
+    for reach, want in ((True, paced[:4]), (False, paced)):
+        scripted(paced)
+        assert run(reach) is None and seen == want
+    scripted([1.0, 1.125, 0.5, 0.375, 0.25, 0.125])
+    assert run(True) is None and seen == [1.0, 1.125]
+    steady = [1.25, 1.0, 0.75, 0.5, 0.25, 0.125]  # each pace just reaches 0 by the last step
+    scripted(steady)
+    assert run(True) is None and seen == steady
+
+    monkeypatch.undo()
+    calls = []
+    real = _check._attack
+    monkeypatch.setattr(_check, "_attack", lambda *a, **k: calls.append(k) or real(*a, **k))
+    verify.check(net, spec)
+    assert calls[0].get("reach") is True
+    assert all(not k.get("reach") for k in calls[1:])
