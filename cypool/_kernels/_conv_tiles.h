@@ -131,8 +131,10 @@ typedef T cypool_vc_d_##SUF __attribute__((vector_size(2 * sizeof(T)), aligned(s
 enum { CYPOOL_VC_VL_##SUF = CYPOOL_VC_VBYTES / sizeof(T) };                           \
 CYPOOL_VC_TILE(cypool_vc_tile_full_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C3) \
 CYPOOL_VC_TILE(cypool_vc_tile_full8_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R8, CYPOOL_VC_C3) \
-/* The full tile over a list of the weight rows (cypool_vc_rows). */        \
+/* The full tile over a list of the weight rows (cypool_vc_rows), and its    \
+ * 8 x 3 form for the AVX-512 build. */                                       \
 CYPOOL_VC_TILE_IX(cypool_vc_tile_ix_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C3) \
+CYPOOL_VC_TILE_IX(cypool_vc_tile_ix8_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R8, CYPOOL_VC_C3) \
 CYPOOL_VC_TILE(cypool_vc_tile_two_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C2) \
 CYPOOL_VC_TILE(cypool_vc_tile_one_##SUF, T, cypool_vc_v_##SUF, CYPOOL_VC_R4, CYPOOL_VC_C1) \
 /* Half a vector (8 floats or 4 doubles): the end of E, and all of a small  \
@@ -248,6 +250,14 @@ static inline void cypool_vc_tile_ix_##SUF(ptrdiff_t ntaps, const T *const *xs, 
         for (ptrdiff_t e = 0; e < EB; e++)                                           \
             outs[o][e0 + e] = acc[o][e];                                             \
     }                                                                                \
+}                                                                                    \
+static inline void cypool_vc_tile_ix8_##SUF(ptrdiff_t ntaps, const T *const *xs,    \
+        ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
+        const T *bias, const ptrdiff_t *rowi)                                        \
+{                                                                                    \
+    cypool_vc_tile_ix_##SUF(ntaps, xs, xoff, w, ldw, e0, outs, bias, rowi);          \
+    cypool_vc_tile_ix_##SUF(ntaps, xs, xoff, w + 4 * ldw, ldw, e0, outs + 4,         \
+                            bias ? bias + 4 : NULL, rowi);                           \
 }                                                                                    \
 static inline void cypool_vc_tile_full8_##SUF(ptrdiff_t ntaps, const T *const *xs,   \
         ptrdiff_t xoff, const T *w, ptrdiff_t ldw, ptrdiff_t e0, T *const *outs,      \
@@ -465,7 +475,12 @@ static inline void cypool_vc_rows_##SUF(ptrdiff_t n, const T *const *xs,        
         ptrdiff_t xoff, const ptrdiff_t *rowi, const T *w, ptrdiff_t ldw,            \
         ptrdiff_t e0, ptrdiff_t O, T *const *outs, const T *bias)                    \
 {                                                                                    \
-    for (ptrdiff_t o0 = 0; o0 + CYPOOL_VC_OB <= O; o0 += CYPOOL_VC_OB)               \
+    ptrdiff_t o0 = 0;                                                                \
+    if (CYPOOL_VC_HALF_TAIL)                                                         \
+        for (; o0 + 2 * CYPOOL_VC_OB <= O; o0 += 2 * CYPOOL_VC_OB)                   \
+            cypool_vc_tile_ix8_##SUF(n, xs, xoff, w + o0 * ldw, ldw, e0, outs + o0,  \
+                                     bias ? bias + o0 : NULL, rowi);                 \
+    for (; o0 + CYPOOL_VC_OB <= O; o0 += CYPOOL_VC_OB)                               \
         cypool_vc_tile_ix_##SUF(n, xs, xoff, w + o0 * ldw, ldw, e0, outs + o0,       \
                                 bias ? bias + o0 : NULL, rowi);                      \
 }                                                                                    \
