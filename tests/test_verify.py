@@ -815,10 +815,11 @@ def test_attack_stops_when_steps_gain_too_little(tmp_path, rng, monkeypatch):
     assert seen == [1.0, 0.99, 0.5, 0.499, 0.498, 0.497, 0.496, 0.495]  # each one lower: no stop
 
 
-def test_first_attack_stops_where_its_pace_cannot_reach_zero(tmp_path, rng, monkeypatch):
-    """reach: the attack stops once the least violation, falling by its last
-    fall at each step left, would stay above 0 (a rise stops it at once);
-    check's attack before the bounds runs so."""
+def test_attacks_stop_where_their_pace_cannot_reach_zero(tmp_path, rng, monkeypatch):
+    """reach: the attack stops once the least violation, falling at each
+    step left by its last fall ("last"; a rise stops it at once) or by its
+    mean fall since the first trace ("mean"), would stay above 0; check's
+    attack before the bounds runs with "last", the one after with "mean"."""
     from cypool.verify import _check
 
     net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 6, 3)))
@@ -840,19 +841,25 @@ def test_first_attack_stops_where_its_pace_cannot_reach_zero(tmp_path, rng, monk
         return _check._attack(net, spec, rows, X, 5, None, 9, 0.0, reach=reach)
 
     paced = [1.0, 0.75, 0.5, 0.375, 0.25, 0.125]  # 0.75 and 0.5 can reach 0 in 4 and 3 steps
-    for reach, want in ((True, paced[:4]), (False, paced)):
+    # mean falls 0.25, 0.25, 0.208, 0.1875: 0.25 stays above 0 at 0.1875 for 1 step
+    for reach, want in (("last", paced[:4]), ("mean", paced[:5]), (None, paced)):
         scripted(paced)
         assert run(reach) is None and seen == want
-    scripted([1.0, 1.125, 0.5, 0.375, 0.25, 0.125])
-    assert run(True) is None and seen == [1.0, 1.125]
+    rise = [1.0, 1.125, 0.5, 0.375, 0.25, 0.125]
+    for reach, want in (("last", rise[:2]), ("mean", rise[:2])):  # mean: no fall yet
+        scripted(rise)
+        assert run(reach) is None and seen == want
+    late = [1.0, 0.5, 0.55, 0.3, 0.15, 0.05]  # a rise after a fall: "mean" goes on
+    for reach, want in (("last", late[:3]), ("mean", late)):
+        scripted(late)
+        assert run(reach) is None and seen == want
     steady = [1.25, 1.0, 0.75, 0.5, 0.25, 0.125]  # each pace just reaches 0 by the last step
-    scripted(steady)
-    assert run(True) is None and seen == steady
+    for reach in ("last", "mean"):
+        scripted(steady)
+        assert run(reach) is None and seen == steady
 
     monkeypatch.undo()
-    calls = []
-    real = _check._attack
-    monkeypatch.setattr(_check, "_attack", lambda *a, **k: calls.append(k) or real(*a, **k))
-    verify.check(net, spec)
-    assert calls[0].get("reach") is True
-    assert all(not k.get("reach") for k in calls[1:])
+    calls = []  # attacks that find nothing: check runs both
+    monkeypatch.setattr(_check, "_attack", lambda *a, **k: calls.append(k.get("reach")))
+    assert verify.check(net, spec).status == "unknown"
+    assert calls == ["last", "mean"]

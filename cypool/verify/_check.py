@@ -143,11 +143,12 @@ def _draws(n, corners, inside, seed):
 
 
 def _attack(net, spec, spec_rows, X, steps, deadline, patience, min_gain, keep=None,
-            reach=False):
+            reach=None):
     """PGD from the points X (see attack), spec_rows its _Rows; keep: after
     the first trace, only the keep points of least violation go on. reach:
     also stop once the least violation, falling at every step left by as
-    much as it fell at the last, would still be above 0."""
+    much as it fell at the last step ("last"; a rise stops it) or on average
+    since the first ("mean"), would still be above 0."""
     lo, hi = spec.lower, spec.upper
     f64 = net.astype(np.float64)
     width = hi - lo
@@ -162,6 +163,10 @@ def _attack(net, spec, spec_rows, X, steps, deadline, patience, min_gain, keep=N
         stale = stale + 1 if v.min() >= best - min_gain * abs(best) else 0
         fell = best - v.min()
         best = min(best, v.min())
+        if k == 0:
+            first = best
+        elif reach == "mean":
+            fell = (first - best) / k
         if reach and k and best - fell * (steps - k) > 0:
             return None
         if k == steps or stale >= patience or (deadline is not None and time.perf_counter() > deadline):
@@ -212,7 +217,7 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
         # few steps that each lower the violation by far more than 2%; the
         # attack after the bounds takes over where the steps left cannot
         # reach 0 at their present pace
-        cex = _attack(net, s, rows, _starts(s, 2, 0), 5, None, 2, 0.02, reach=True)
+        cex = _attack(net, s, rows, _starts(s, 2, 0), 5, None, 2, 0.02, reach="last")
         if cex is not None:
             return Result("violated", cex, time=time.perf_counter() - t0)
         _, relax, charge = bounds(net, s.lower, s.upper)
@@ -228,8 +233,10 @@ def check(net: Net, spec, *, timeout=None, num_threads=None, attack_steps=10) ->
         return Result("holds", lower=lowers, time=time.perf_counter() - t0)
     for s, rows, corners in undecided:
         # where each row's linear lower bound is least: the relaxation's
-        # worst points, traced together; the two most violating go on
-        cex = _attack(net, s, rows, corners, attack_steps, deadline, 2, 0.02, keep=2)
+        # worst points, traced together; the two most violating go on, while
+        # their average pace can reach 0 (their steps shrink: it overstates)
+        cex = _attack(net, s, rows, corners, attack_steps, deadline, 2, 0.02, keep=2,
+                      reach="mean")
         if cex is not None:
             return Result("violated", cex, lower=lowers, time=time.perf_counter() - t0)
     timed_out = deadline is not None and time.perf_counter() > deadline
