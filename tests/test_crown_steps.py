@@ -139,3 +139,15 @@ def test_patch_steps_zero_what_falls_outside_the_layer(rng, dt, threads):
         got = np.zeros(K, dt)
         kernel("crown_box_patches", np.dtype(dt))(A, oy, ox, lo, hi, got, threads)
         np.testing.assert_allclose(got, want, **TOL[dt])
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_signed_cols_are_the_columns_then_their_negatives(rng, dt, threads):
+    n, m = int(rng.integers(1, 40)), int(rng.integers(1, 30))
+    M = coefficients(rng, (n, m), dt)
+    M[0, 0] = -np.inf
+    cols = rng.integers(0, m, int(rng.integers(1, 2 * m + 1)))  # any order, repeats
+    A = np.full((n, 2 * len(cols)), 7, dt)
+    kernel("crown_signed_cols", np.dtype(dt))(M, cols, A, threads)
+    np.testing.assert_array_equal(A, np.concatenate([M[:, cols], -M[:, cols]], axis=1))

@@ -375,3 +375,40 @@ def crown_box_cols(floating[:, ::1] A,        # IN (n, K)
     _set_cols(&g, STEP_BOX, A, &lo[0], &hi[0], NULL, acc)
     with nogil:
         _run_step(&g, &dummy, num_threads, True)
+
+
+cdef void _signed_cols_rows(const floating* M, Py_ssize_t m, const int64_t* cols, Py_ssize_t k,
+                            floating* A, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+    """Rows [start, end) of crown_signed_cols."""
+    cdef Py_ssize_t j, q
+    cdef const floating* src
+    cdef floating* dst
+    for j in range(start, end):
+        src = M + j * m
+        dst = A + j * 2 * k
+        for q in range(k):
+            dst[q] = src[cols[q]]
+        for q in range(k):
+            dst[k + q] = -dst[q]
+
+
+def crown_signed_cols(const floating[:, ::1] M,     # IN (n, m)
+                      const int64_t[::1] cols,      # IN (k,): in [0, m), checked by the caller
+                      floating[:, ::1] A,           # OUT (n, 2k)
+                      int num_threads):
+    """A = [M[:, cols], -M[:, cols]]: the columns of a dense layer's
+    transposed weights for y_r and -y_r, in one pass over A's rows."""
+    cdef Py_ssize_t n = M.shape[0], m = M.shape[1], k = cols.shape[0]
+    cdef int tid
+    if n == 0 or k == 0:
+        return
+    with nogil:
+        if num_threads == 1:
+            _set_serial_team()
+            _signed_cols_rows(&M[0, 0], m, &cols[0], k, &A[0, 0], 0, n)
+        else:
+            with parallel(num_threads=num_threads):
+                _note_team()
+                tid = threadid()
+                _signed_cols_rows(&M[0, 0], m, &cols[0], k, &A[0, 0], _share_start(n, tid),
+                                  _share_start(n, tid + 1))

@@ -162,7 +162,7 @@ def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     if isinstance(last, Dense):  # e_r through it: its row r, then -e_r
         cols = as_columns(ops, 2 * rows.size)
         if cols:
-            A = signed_cols(last.WT(), rows, buffers, ("cols", id(last)))
+            A = signed_cols(last.WT(), rows, buffers, ("cols", id(last)), nt)
         else:
             A = signed_rows(last.W, rows, buffers, ("rows", id(last)))
         b = last.bias[rows]
