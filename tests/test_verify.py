@@ -819,7 +819,8 @@ def test_attacks_stop_where_their_pace_cannot_reach_zero(tmp_path, rng, monkeypa
     """reach: the attack stops once the least violation, falling at each
     step left by its last fall ("last"; a rise stops it at once) or by its
     mean fall since the first trace ("mean"), would stay above 0; check's
-    attack before the bounds runs with "last", the one after with "mean"."""
+    attack before the bounds runs with "last", from the box's centre, and
+    the one after with "mean"."""
     from cypool.verify import _check
 
     net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 6, 3)))
@@ -859,7 +860,8 @@ def test_attacks_stop_where_their_pace_cannot_reach_zero(tmp_path, rng, monkeypa
         assert run(reach) is None and seen == steady
 
     monkeypatch.undo()
-    calls = []  # attacks that find nothing: check runs both
-    monkeypatch.setattr(_check, "_attack", lambda *a, **k: calls.append(k.get("reach")))
+    calls = []  # attacks that find nothing: check runs both, the first from the centre alone
+    monkeypatch.setattr(_check, "_attack", lambda *a, **k: calls.append((a[3], k.get("reach"))))
     assert verify.check(net, spec).status == "unknown"
-    assert calls == ["last", "mean"]
+    assert [reach for _, reach in calls] == ["last", "mean"]
+    np.testing.assert_array_equal(calls[0][0], [(spec.lower + spec.upper) / 2])
