@@ -284,7 +284,8 @@ def signed_cols(MT, cols, buffers, key, nt=0):
     kept(buffers, key, ...), in one compiled pass (np.take along the last
     axis and np.negative took 0.5 ms on oval21's dense layer)."""
     A = kept(buffers, key, (MT.shape[0], 2 * len(cols)), MT.dtype, True)
-    kernel("crown_signed_cols", MT.dtype)(MT, cols, A, threads_for(nt, A.size, MT.shape[0]))
+    kernel("crown_signed_cols", MT.dtype)(MT, np.ascontiguousarray(cols, np.int64), A,
+                                          threads_for(nt, A.size, MT.shape[0]))
     return A
 
 
