@@ -28,6 +28,7 @@ from cypool._kernels_baseline import zono_relu as zono_relu
 from cypool._kernels_baseline import zono_dense as zono_dense
 from cypool._kernels_baseline import dense_block as dense_block
 from cypool._kernels_baseline import crown_relu as crown_relu
+from cypool._kernels_baseline import crown_relu_live as crown_relu_live
 from cypool._kernels_baseline import crown_box as crown_box
 from cypool._kernels_baseline import crown_relu_cols as crown_relu_cols
 from cypool._kernels_baseline import crown_box_cols as crown_box_cols

@@ -151,3 +151,27 @@ def test_signed_cols_are_the_columns_then_their_negatives(rng, dt, threads):
     A = np.full((n, 2 * len(cols)), 7, dt)
     kernel("crown_signed_cols", np.dtype(dt))(M, cols, A, threads)
     np.testing.assert_array_equal(A, np.concatenate([M[:, cols], -M[:, cols]], axis=1))
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_relu_on_live_columns_is_the_relu_step_then_those_columns(rng, dt, threads):
+    """crown_relu_live gives crown_relu's rows restricted to live (sorted or
+    not) and its sums, where the other neurons are dead (a = s = t = 0)."""
+    K, n = int(rng.integers(1, 40)), int(rng.integers(1, 300))
+    A = coefficients(rng, (K, n), dt)
+    a, s, t = relaxation(rng, n, dt)
+    live = rng.permutation(n)[:int(rng.integers(1, n + 1))]
+    dead = np.setdiff1d(np.arange(n), live)
+    a[dead] = s[dead] = t[dead] = 0
+    A[:, dead] = rng.choice([-5.0, 5.0], (K, dead.size))  # a dead neuron's adds nothing
+    A[rng.integers(K), live[0]] = np.nan  # a live one's NaN reaches its row's sum
+    start = rng.standard_normal(K).astype(dt)
+    want_A, want_acc = relu_ref(A, a, s, t)
+    out = np.full((K, live.size), 7, dt)
+    got = start.copy()
+    kernel("crown_relu_live", np.dtype(dt))(A, a[live], s[live], t[live], live.astype(np.int64), out, got,
+                                            threads)
+    np.testing.assert_allclose(out, want_A[:, live], **TOL[dt])
+    np.testing.assert_allclose(got, start + want_acc, **TOL[dt])
+    assert np.isnan(got).sum() == np.isnan(A).any(axis=1).sum() >= 1

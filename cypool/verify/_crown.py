@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import _checks as chk
 from .._backend import kernel, threads_for
-from ._net import Conv, Dense, Reshape, ReLU, signed_cols, signed_rows
+from ._net import Conv, Dense, Reshape, ReLU, kept, signed_cols, signed_rows
 from ._patches import backsub_rows, patchable
 
 __all__ = ["bounds", "output_lower", "as_columns"]
@@ -88,17 +88,19 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
         if isinstance(op, ReLU):
             # a negative coefficient takes the upper line (s, t), a positive
             # one the lower (a); stable neurons have a = s and t = 0
-            a, s, t = relax[i]
+            a, s, t = (v.reshape(-1) for v in relax[i])
             Af = flat(A)
-            kernel("crown_relu_cols" if cols else "crown_relu", dt)(
-                Af, a.reshape(-1), s.reshape(-1), t.reshape(-1), const,
-                threads_for(nt, Af.size, K))
-            A = Af.reshape(A.shape)
+            th = threads_for(nt, Af.size, K)
             # a dead neuron (s = 0) zeroes its coefficients: the dense map
             # below sums over the others only (on mnistfc, 1 in 10 of 256)
-            if i and isinstance(ops[i - 1], Dense):
-                alive = np.flatnonzero(s.reshape(-1))
-                live = {"live": alive} if alive.size < s.size else {}
+            alive = np.flatnonzero(s) if i and isinstance(ops[i - 1], Dense) else s
+            live = {"live": alive} if alive.size < s.size else {}
+            if live and not cols:  # the live columns only, into a kept array
+                A = kept(buffers, ("live", i), (K * alive.size,), dt).reshape(K, alive.size)
+                kernel("crown_relu_live", dt)(Af, a[alive], s[alive], t[alive], alive, A, const, th)
+                continue
+            kernel("crown_relu_cols" if cols else "crown_relu", dt)(Af, a, s, t, const, th)
+            A = Af.reshape(A.shape)
         elif cols:
             if op.bias is not None:
                 const += op.bias.reshape(-1) @ A.reshape(-1, K)
@@ -106,7 +108,8 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
             live = {}
         else:
             if op.bias is not None:
-                const += A.reshape(K, -1) @ op.bias.reshape(-1)
+                b = op.bias.reshape(-1)
+                const += A.reshape(K, -1) @ (b[live["live"]] if live else b)
             A = op.T(A, buffers=buffers, **live)
             live = {}
     Af = flat(A)

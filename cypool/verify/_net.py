@@ -32,6 +32,7 @@ class Dense:
         self.W, self.bias = W, b
         self.in_shape, self.out_shape = (W.shape[1],), (W.shape[0],)
         self._absW = self._WT = None
+        self._live = (None, None)
 
     def apply(self, X):
         return X @ self.W.T + self.bias
@@ -49,19 +50,34 @@ class Dense:
 
     def T(self, A, absolute=False, buffers=None, live=None):
         """A @ W; live: the output indices outside which A's columns are 0
-        (a dead ReLU above), the only ones summed."""
+        (a dead ReLU above), the only ones summed; A then has either a column
+        for every output or one for each of live."""
         W = self.absW() if absolute else self.W
         out = kept(buffers, ("T", id(self)), (A.shape[0], W.shape[1]), A.dtype)
         if live is not None:
-            A, W = A[:, live], W[live]
+            if A.shape[1] != len(live):
+                A = np.take(A, live, axis=1)  # fancy indexing took as long as the product
+            W = self._live_rows(live, absolute)
         return np.matmul(A, W, out=out)
+
+    def _live_rows(self, live, absolute=False):
+        """W's rows live (of |W| where absolute), kept for the next call with
+        the same live: every row a bounds call pushes through this layer
+        comes with the ReLU above's one live set."""
+        if absolute:
+            return np.take(self.absW(), live, axis=0)
+        key, rows = self._live
+        if key is None or not np.array_equal(key, live):
+            rows = np.take(self.W, live, axis=0)
+            self._live = (live, rows)
+        return rows
 
     def T_cols(self, A, buffers=None, live=None):
         """T with the rows as A's last axis: W.T @ A; live as in T."""
         out = kept(buffers, ("Tc", id(self)), (self.W.shape[1], A.shape[1]), A.dtype, True)
         W = self.W
         if live is not None:
-            A, W = A[live], W[live]
+            A, W = A[live], self._live_rows(live)
         return np.matmul(W.T, A, out=out)
 
     def radius(self, R):
@@ -386,6 +402,8 @@ class Net:
             for k in ("_absW", "_WT", "_absw"):
                 if hasattr(op, k):
                     setattr(op, k, None)
+            if hasattr(op, "_live"):
+                op._live = (None, None)
             ops.append(op)
         net = Net(ops, self.input_shape, dtype)
         net.num_threads = self.num_threads
