@@ -16,9 +16,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from _ab import alternating_runs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -73,16 +74,8 @@ def main(argv=None) -> None:
     if args.child:
         child(args.steps)
         return
-    runs = {"a": [], "b": []}
-    for _ in range(args.rounds):
-        for side in ("a", "b"):
-            tree = os.path.abspath(getattr(args, side))
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "x", "x", "--child",
-                                  "--steps", str(args.steps)], cwd=tree, capture_output=True,
-                                 text=True, env=dict(os.environ, PYTHONPATH=tree))
-            if out.returncode:
-                sys.exit(out.stderr)
-            runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    runs = alternating_runs(__file__, {"a": args.a, "b": args.b}, args.rounds,
+                            ["x", "x", "--steps", str(args.steps)])
     print(f"A = {args.a}, B = {args.b}: {args.rounds} rounds of alternating processes, "
           f"medians of {args.steps} calls")
     print()
