@@ -49,23 +49,19 @@ class Dense:
         return self._WT
 
     def T(self, A, absolute=False, buffers=None, live=None):
-        """A @ W; live: the output indices outside which A's columns are 0
-        (a dead ReLU above), the only ones summed; A then has either a column
-        for every output or one for each of live."""
+        """A @ W; live: the outputs the ReLU above left alive (the others'
+        coefficients are 0), A's columns then being theirs only (as
+        crown_relu_live writes them)."""
         W = self.absW() if absolute else self.W
         out = kept(buffers, ("T", id(self)), (A.shape[0], W.shape[1]), A.dtype)
         if live is not None:
-            if A.shape[1] != len(live):
-                A = np.take(A, live, axis=1)  # fancy indexing took as long as the product
-            W = self._live_rows(live, absolute)
+            W = np.take(W, live, axis=0) if absolute else self._live_rows(live)
         return np.matmul(A, W, out=out)
 
-    def _live_rows(self, live, absolute=False):
-        """W's rows live (of |W| where absolute), kept for the next call with
-        the same live: every row a bounds call pushes through this layer
-        comes with the ReLU above's one live set."""
-        if absolute:
-            return np.take(self.absW(), live, axis=0)
+    def _live_rows(self, live):
+        """W's rows live, kept for the next call with the same live: every
+        row a bounds call pushes through this layer comes with the ReLU
+        above's one live set."""
         key, rows = self._live
         if key is None or not np.array_equal(key, live):
             rows = np.take(self.W, live, axis=0)
@@ -73,7 +69,8 @@ class Dense:
         return rows
 
     def T_cols(self, A, buffers=None, live=None):
-        """T with the rows as A's last axis: W.T @ A; live as in T."""
+        """T with the rows as A's last axis: W.T @ A; live as in T, but A
+        has every output's row and the live ones are taken here."""
         out = kept(buffers, ("Tc", id(self)), (self.W.shape[1], A.shape[1]), A.dtype, True)
         W = self.W
         if live is not None:
