@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,27 +37,56 @@ def _env():
 
 
 def _compile(cc, flags, source, exe):
-    base = [cc, "-O2", "-std=c99", f"-I{HEADER_DIR}", *flags, str(source), "-o", str(exe), "-lm"]
-    for extra in (["-fsanitize=address,undefined", "-fno-sanitize-recover=all"], []):
-        r = subprocess.run(base[:2] + extra + base[2:], capture_output=True, text=True, env=_env())
+    """Compile source to exe, under ASan and UBSan where gcc has them (at
+    -O1, as their authors advise); return gcc's errors, or None."""
+    for opt, extra in (("-O1", ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]),
+                       ("-O2", [])):
+        r = subprocess.run([cc, opt, *extra, "-std=c99", f"-I{HEADER_DIR}", *flags, str(source),
+                            "-o", str(exe), "-lm"], capture_output=True, text=True, env=_env())
         if r.returncode == 0:
-            return
-    pytest.fail(f"{source.name} did not compile with {flags}:\n{r.stderr[-2000:]}")
+            return None
+    return f"{source.name} did not compile with {flags}:\n{r.stderr[-2000:]}"
+
+
+def _cases(items):
+    """The (test, width name) pairs of this file's collected tests."""
+    return {(it.callspec.params["test"], it.callspec.params["name"]) for it in items
+            if getattr(it, "originalname", None) == "test_tiles_match_a_plain_loop"}
+
+
+@pytest.fixture(scope="module")
+def programs(request, tmp_path_factory):
+    """Every collected case's test program, compiled in parallel, one gcc a
+    CPU (the compiles are most of this file's time): (test, width name) ->
+    (executable, gcc's errors or None)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("needs a C compiler on x86-64")
+    folder = tmp_path_factory.mktemp("kernel_headers")
+    flags = {w[0]: w[1] for w in WIDTHS}
+    runnable = {w[0] for w in WIDTHS if w[2] is None or _backend.CPU_FEATURES.get(w[2])}
+    jobs = {}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for test, name in sorted(_cases(request.session.items)):
+            source = ROOT / "tests" / "c" / f"{test}.c"
+            if name not in runnable or not (HEADER_DIR / SOURCES[test]).exists() \
+                    or not source.exists():
+                continue
+            exe = folder / f"{test}-{name.replace(' ', '_')}"
+            jobs[test, name] = (exe, pool.submit(_compile, cc, flags[name], source, exe))
+    return {case: (exe, job.result()) for case, (exe, job) in jobs.items()}
 
 
 @pytest.mark.parametrize("test", SOURCES)
 @pytest.mark.parametrize("name,flags,feature", WIDTHS, ids=[w[0] for w in WIDTHS])
-def test_tiles_match_a_plain_loop(tmp_path, test, name, flags, feature):
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None or platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("needs a C compiler on x86-64")
-    source = ROOT / "tests" / "c" / f"{test}.c"
-    if not (HEADER_DIR / SOURCES[test]).exists() or not source.exists():
-        pytest.skip(f"needs the source tree (cypool/_kernels/{SOURCES[test]})")
+def test_tiles_match_a_plain_loop(programs, test, name, flags, feature):
     if feature is not None and not _backend.CPU_FEATURES.get(feature):
         pytest.skip(f"this CPU lacks {feature}")
-    exe = tmp_path / test
-    _compile(cc, flags, source, exe)
+    if (test, name) not in programs:
+        pytest.skip(f"needs the source tree (cypool/_kernels/{SOURCES[test]})")
+    exe, error = programs[test, name]
+    if error is not None:
+        pytest.fail(error)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env=_env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert ": ok (0 bad)" in r.stdout
