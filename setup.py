@@ -250,14 +250,16 @@ KERNEL_DIR = os.path.join("cypool", "_kernels")
 
 
 def _cpu_lacks_avx512():
-    """Whether this Linux machine's CPU reports no AVX-512 (/proc/cpuinfo's
-    flags); False where that cannot be read."""
+    """Whether this Linux machine's CPU lacks a feature the AVX-512 variant
+    needs (/proc/cpuinfo's flags; those cypool/_backend.py checks); False
+    where that cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split() for line in f if line.startswith("flags")), None)
     except OSError:
         return False
-    return flags is not None and "avx512bw" not in flags
+    need = ("avx512f", "avx512cd", "avx512vl", "avx512bw", "avx512dq")
+    return flags is not None and not set(need) <= set(flags)
 
 
 def kernel_extensions():
