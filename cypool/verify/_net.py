@@ -5,8 +5,6 @@ Every affine op maps a batch ``(N, *in_shape)`` to ``(N, *out_shape)``
 (``T``): what back-substitution pushes bound coefficients through, K
 rows ``(K, *out_shape)`` to ``(K, *in_shape)``; ``T_cols`` does it with
 the rows as the last axis, ``(*out_shape, K)`` to ``(*in_shape, K)``.
-With ``absolute=True``, ``T`` uses the weights' absolute values, for the
-rounding-error charge of _crown.
 """
 from __future__ import annotations
 
@@ -48,14 +46,12 @@ class Dense:
             self._WT = np.ascontiguousarray(self.W.T)
         return self._WT
 
-    def T(self, A, absolute=False, buffers=None, live=None):
+    def T(self, A, buffers=None, live=None):
         """A @ W; live: the outputs the ReLU above left alive (the others'
         coefficients are 0), A's columns then being theirs only (as
         crown_relu_live writes them)."""
-        W = self.absW() if absolute else self.W
-        out = kept(buffers, ("T", id(self)), (A.shape[0], W.shape[1]), A.dtype)
-        if live is not None:
-            W = np.take(W, live, axis=0) if absolute else self._live_rows(live)
+        out = kept(buffers, ("T", id(self)), (A.shape[0], self.W.shape[1]), A.dtype)
+        W = self.W if live is None else self._live_rows(live)
         return np.matmul(A, W, out=out)
 
     def _live_rows(self, live):
@@ -155,10 +151,10 @@ class Conv:
     def radius(self, R):
         return self._conv(R, self.absw())
 
-    def T(self, A, absolute=False, buffers=None):
+    def T(self, A, buffers=None):
         """The transposed map of A; written into a kept array of buffers (a
         Buffers), which the next call with them overwrites, where given."""
-        w = self.absw() if absolute else self.w
+        w = self.w
         (et, eb), (el, er) = self.extra
         C, H, W = self.in_shape
         shape = (A.shape[0], C, H + et + eb, W + el + er)
@@ -204,9 +200,8 @@ class Elementwise:
     def apply(self, X):
         return X * self.scale + self.bias
 
-    def T(self, A, absolute=False, buffers=None):
-        scale = np.abs(self.scale) if absolute else self.scale
-        return np.multiply(A, scale, out=kept(buffers, ("T", id(self)), A.shape, A.dtype))
+    def T(self, A, buffers=None):
+        return np.multiply(A, self.scale, out=kept(buffers, ("T", id(self)), A.shape, A.dtype))
 
     def T_cols(self, A, buffers=None):
         out = kept(buffers, ("Tc", id(self)), A.shape, A.dtype, True)
@@ -228,7 +223,7 @@ class Reshape:
     def apply(self, X):
         return X.reshape((X.shape[0],) + self.out_shape)
 
-    def T(self, A, absolute=False, buffers=None):
+    def T(self, A, buffers=None):
         return A.reshape((A.shape[0],) + self.in_shape)
 
     def T_cols(self, A, buffers=None):
