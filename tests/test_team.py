@@ -23,13 +23,21 @@ SANITIZERS = {"plain": [], "asan+ubsan": ["-fsanitize=address,undefined", "-fno-
 
 
 def _env():
-    """This environment without a preloaded sanitizer runtime
-    (tools/sanitize.sh runs the suite so); ThreadSanitizer allowed to go on
+    """This environment for a compiled test program: without a preloaded
+    sanitizer runtime (tools/sanitize.sh runs the suite so; the program
+    brings its own), and ThreadSanitizer allowed to go on
     in the forked child, whose regions start threads of their own."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS")}
     env["TSAN_OPTIONS"] = "die_after_fork=0 halt_on_error=1"
     return env
+
+
+def _python_env():
+    """The environment for a Python subprocess that imports cypool: this
+    one, a preloaded sanitizer runtime included (a sanitized cypool needs
+    it)."""
+    return dict(os.environ)
 
 
 @pytest.mark.thread_unsafe(reason="times a compiled program on every core")
@@ -121,7 +129,7 @@ def test_a_region_goes_to_libgomps_spinning_pool(tmp_path):
     from cypool._backend import kernels
     if kernels._team_tables()[0] == 0 or platform.system() != "Linux":
         pytest.skip("the parallel blocks run on libgomp's team in this build")
-    env = {k: v for k, v in _env().items() if k != "CYPOOL_TEAM"}
+    env = {k: v for k, v in _python_env().items() if k != "CYPOOL_TEAM"}
     r = subprocess.run([sys.executable, "-c", _HANDOFF], capture_output=True, text=True,
                        env=env, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -169,7 +177,7 @@ def test_the_lookout_wakes_the_team_at_idle_priority(tmp_path, lookout):
     from cypool._backend import kernels
     if kernels._team_tables()[0] == 0 or platform.system() != "Linux":
         pytest.skip("the parallel blocks run on libgomp's team in this build")
-    env = {k: v for k, v in _env().items() if k != "CYPOOL_TEAM"}
+    env = {k: v for k, v in _python_env().items() if k != "CYPOOL_TEAM"}
     env["OMP_WAIT_POLICY"] = "passive"
     env["CYPOOL_TEAM_LOOKOUT"] = lookout
     r = subprocess.run([sys.executable, "-c", _LOOKOUT], capture_output=True, text=True,
@@ -212,7 +220,7 @@ def test_one_team_per_process_or_libgomps(team, tmp_path):
     from cypool._backend import kernels
     if kernels._team_tables()[0] == 0:
         pytest.skip("the parallel blocks run on libgomp's team in this build")
-    env = dict(_env(), CYPOOL_TEAM=team)
+    env = dict(_python_env(), CYPOOL_TEAM=team)
     # (from outside the checkout, so that the installed cypool answers)
     r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env,
                        timeout=300, cwd=tmp_path)
@@ -232,7 +240,7 @@ def test_one_team_per_process_or_libgomps(team, tmp_path):
                                          ("CYPOOL_TEAM_AFFINITY", "false")])
 def test_a_wrong_team_setting_is_refused(tmp_path, name, value):
     import sys
-    env = dict(_env(), **{name: value})
+    env = dict(_python_env(), **{name: value})
     r = subprocess.run([sys.executable, "-c", "import cypool"], capture_output=True, text=True,
                        env=env, timeout=300, cwd=tmp_path)
     assert r.returncode != 0 and f"{name}={value!r}" in r.stderr, r.stderr[-2000:]
