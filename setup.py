@@ -104,7 +104,7 @@ def base_compile_args(compiler_type):
         args = ["-O1", "-g", "-UNDEBUG"]
     elif SANITIZE:
         # -O1, as the sanitizers' authors advise: it keeps every instrumented
-        # access, and -O3's instrumented compile took several times longer.
+        # access, and -O3's instrumented compile took about twice as long.
         args = ["-O1"]
     else:
         # No debug information: Python's own CFLAGS ask for -g, which added

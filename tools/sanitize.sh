@@ -61,7 +61,9 @@ __attribute__((noinline)) static void *allocate(size_t n) { return malloc(n); }
 __attribute__((noinline)) static void *work(void *n) { sink = allocate((size_t)n); sink = 0; return 0; }
 void leak_on_a_thread(size_t n) { pthread_t t; pthread_create(&t, 0, work, (void *)n); pthread_join(t, 0); }
 C
-gcc -O1 -fno-omit-frame-pointer -fsanitize=address -shared -fPIC "$VENV/leak.c" -o "$VENV/libleak.so" -lpthread
+# (gcc itself not under the preloaded runtime: its own leaks would fail it)
+env -u LD_PRELOAD gcc -O1 -fno-omit-frame-pointer -fsanitize=address -shared -fPIC "$VENV/leak.c" \
+  -o "$VENV/libleak.so" -lpthread
 if (cd "$VENV" && python -c "import ctypes, cypool; ctypes.CDLL('./libleak.so').leak_on_a_thread(ctypes.c_size_t(4321))" \
     > "$VENV/leak.txt" 2>&1); then
   echo "sanitize: the deliberate leak was not reported: leak detection is off or suppressed" >&2
