@@ -309,7 +309,10 @@ def backsub_exact(layers, relax, c, lo, hi):
         else:
             _, W, b = layer
             W = np.asarray(W, np.float64)
-            const += sum(Ai * bi for Ai, bi in zip(A, fr(b)))
-            Wf = [fr(row) for row in W]
-            A = [sum(A[o] * Wf[o][i] for o in range(len(A))) for i in range(W.shape[1])]
+            const += sum(Ai * Fr(float(bi)) for Ai, bi in zip(A, np.reshape(b, -1)) if Ai)
+            out = [Fr(0)] * W.shape[1]
+            for o in (o for o in range(len(A)) if A[o]):  # the nonzero terms only
+                for i in np.flatnonzero(W[o]):
+                    out[i] += A[o] * Fr(float(W[o, i]))
+            A = out
     return const + sum(Ai * (Fr(float(l)) if Ai >= 0 else Fr(float(h))) for Ai, l, h in zip(A, lo, hi))
