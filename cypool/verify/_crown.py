@@ -67,21 +67,17 @@ def as_columns(ops, K: int) -> bool:
     return K >= COLUMNS_MIN_ROWS and any(isinstance(op, Conv) for op in ops)
 
 
-def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, inputs=False,
-             post=None):
+def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, inputs=False):
     """Lower bounds of the rows of A (K, *shape of ops[-1]'s output; cols:
     the rows as the last axis, (*shape, K)), plus const, over the box [lo,
-    hi] (flat, contiguous), as computed (no rounding charge; post, a
-    _Posterior: charged by it, in float64). A and const are consumed:
-    changed in place where they are contiguous arrays of the net's dtype.
-    nt: threads (0: OpenMP's default); buffers: the net's Buffers for the
-    transposed maps, or None. inputs: also return the rows' coefficients
-    on the input, (K, n), a view of A or of a buffer."""
+    hi] (flat, contiguous), as computed (no rounding charge). A and const
+    are consumed: changed in place where they are contiguous arrays of the
+    net's dtype. nt: threads (0: OpenMP's default); buffers: the net's
+    Buffers for the transposed maps, or None. inputs: also return the
+    rows' coefficients on the input, (K, n), a view of A or of a buffer."""
     K = A.shape[-1] if cols else A.shape[0]
     dt = A.dtype
     const = np.zeros(K, dt) if const is None else const
-    if post is not None:
-        post.start(K)
 
     def flat(A):
         return np.ascontiguousarray(A.reshape(-1, K) if cols else A.reshape(K, -1))
@@ -89,8 +85,6 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
     live = {}  # for a Dense op: its outputs that the ReLU above left alive
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
-        if post is not None:
-            post.step(i, A, const, cols, live.get("live") if not cols else None)
         if isinstance(op, ReLU):
             # a negative coefficient takes the upper line (s, t), a positive
             # one the lower (a); stable neurons have a = s and t = 0
@@ -119,12 +113,8 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
             A = op.T(A, buffers=buffers, **live)
             live = {}
     Af = flat(A)
-    if post is not None:
-        post.step("box", Af, const, cols)
     kernel("crown_box_cols" if cols else "crown_box", dt)(Af, lo, hi, const,
                                                           threads_for(nt, Af.size, K))
-    if post is not None:
-        const = post.lower(const)
     if inputs:
         return const, (Af.T if cols else Af)
     return const
@@ -166,147 +156,11 @@ class _Charge:
         return 2 * self.gam * (np.abs(C).reshape(K, -1) @ self.F.reshape(-1)) + np.finfo(self.dt).tiny
 
 
-_F32 = np.dtype(np.float32)
-_EPS32 = float(np.finfo(_F32).eps)
-_TINY32 = float(np.finfo(_F32).tiny)
-
-
-def _up32(v):
-    """v (float64, >= 0) as float32, rounded up, underflow to the least normal."""
-    out = (np.asarray(v, np.float64) * (1 + 2 * _EPS32)).astype(_F32)
-    return np.maximum(out, _F32.type(_TINY32))
-
-
-def outward32(lo, hi):
-    """The float32 box around [lo, hi] (float64): each end rounded outward."""
-    lo32, hi32 = lo.astype(_F32), hi.astype(_F32)
-    lo32 = np.where(lo32 > lo, np.nextafter(lo32, _F32.type(-np.inf)), lo32)
-    hi32 = np.where(hi32 < hi, np.nextafter(hi32, _F32.type(np.inf)), hi32)
-    return lo32, hi32
-
-
-def _terms(op) -> int:
-    """The most terms a sum of op's transposed map adds: a dense layer's
-    outputs; a convolution's channels times taps, plus the taps its
-    strided form adds columns over (col2im); 1 for an elementwise map."""
-    if isinstance(op, Dense):
-        return op.W.shape[0]
-    if isinstance(op, Conv):
-        O, _, kh, kw = op.w.shape
-        return (O + 1) * kh * kw
-    return 1
-
-
-class _Posterior:
-    """The rounding charge of a back-substitution in float32, from the
-    coefficients it computed (a posteriori), in float64.
-
-    Y bounds the magnitude of an affine map's input (the box at the input,
-    else the ReLU outputs' upper bounds) and Z that of a ReLU's input. The
-    computed rows ``A`` at a step are exact rows of a sound bound but for
-    that step's rounding, which moves it by at most: through an affine map,
-    ``gamma_m |A| |W| Y`` (``m``: its sums' terms) and ``gamma_{n+2}
-    (|A| |b| + |const|)`` for the bias; through a ReLU, ``u |A| Z`` for the
-    products by its slopes other than 0 and 1 and ``gamma_{n+2} (|A| |t| + |const|)`` for the
-    intercepts; at the box, ``gamma_{n+2} (|A| X + |const|)``. Each step so
-    costs ``|A| . V + g |const|``, V and g made once per layer. A ReLU's
-    step takes the affine map's below it too: its rows are no larger than
-    the ReLU's (slopes in [0, 1]), and its const at most the ReLU's plus
-    ``|A| |t|``. ``|A| . V`` is summed in float32 and widened by its own
-    gamma; underflow adds at most the least normal per term, times the
-    values' magnitude.
-    """
-
-    def __init__(self, lo32, hi32, buffers=None):
-        X = np.maximum(np.abs(lo32), np.abs(hi32)).astype(np.float64)
-        self.V, self.g, self.tiny = {}, {}, {}
-        self.buffers = buffers
-        self._set("box", X.size, _gamma(X.size + 2, _F32) * X, X)
-
-    def _set(self, key, n, V, Y):
-        self.V[key] = V.reshape(-1)
-        self.g[key] = _gamma(n + 2, _F32)
-        self.tiny[key] = 4 * _TINY32 * (n + 2) * (1 + float(np.sum(Y)))
-
-    def affine(self, i, op, G, Y):
-        """ops[i] = op, an affine map; G = op.radius(Y), Y as above."""
-        if isinstance(op, Reshape):
-            return
-        n = int(np.prod(op.out_shape))
-        self._set(i, n, _gamma(_terms(op), _F32) * G + _gamma(n + 2, _F32) * np.abs(op.bias), Y)
-
-    def relu(self, i, l, u, s32, t32):
-        """ops[i], a ReLU with input bounds [l, u] and float32 upper slopes
-        s32 and intercepts t32, merged with ops[i - 1]'s step where that is
-        an affine map."""
-        Z = np.maximum(np.abs(l), np.abs(u))
-        s32, t = s32.reshape(-1), np.abs(t32.reshape(-1)).astype(np.float64)
-        slope = np.where((s32 != 0) & (s32 != 1), Z, 0)  # a product by 0 or 1 is exact
-        self._set(i, l.size, _EPS32 * slope + _gamma(l.size + 2, _F32) * t, Z)
-        below = self.V.pop(i - 1, None)
-        if below is not None and below.size == l.size:
-            g = self.g.pop(i - 1)
-            grow = 1 + 2 * _gamma(l.size + 2, _F32)
-            self.V[i] = (self.V[i] + below + g * t) * grow
-            self.g[i] = (self.g[i] + g) * grow
-            self.tiny[i] += self.tiny.pop(i - 1)
-        elif below is not None:
-            self.V[i - 1] = below
-        self.V[i] = _up32(self.V[i])
-
-    def start(self, K):
-        self.charge = np.zeros(K)
-
-    def _abs(self, A, shape, cols):
-        return np.abs(A.reshape(shape), out=kept(self.buffers, ("abs",), shape, _F32, cols))
-
-    def step(self, key, A, const, cols=False, live=None):
-        """Charge the step of ops[key] (or "box") on rows A (K, ...; cols:
-        (..., K)) with const before it; live: A's columns are those only."""
-        V = self.V.get(key)
-        if V is None:
-            return
-        if V.dtype != _F32:  # an affine map's own step (no ReLU above it)
-            V = self.V[key] = _up32(V)
-        if live is not None:
-            V = V[live]
-        K = const.shape[0]
-        if cols:
-            s = V @ self._abs(A, (V.size, K), True)
-        else:
-            s = self._abs(A, (K, V.size), False) @ V
-        self._add(key, s, const, V.size)
-
-    def step_patches(self, key, A, oy, ox, const, shape):
-        """step on patches A (K, C, h, w) at origins (oy, ox) of a layer of
-        shape (C, H, W)."""
-        V = self.V.get(key)
-        if V is None:
-            return
-        if V.dtype != _F32:
-            V = self.V[key] = _up32(V)
-        V = V.reshape(shape)
-        s = np.zeros(const.shape[0], _F32)
-        kernel("crown_box_patches", _F32)(self._abs(A, A.shape, False), oy, ox, V, V, s, 1)
-        self._add(key, s, const, A[0].size)
-
-    def _add(self, key, s, const, n):
-        self.charge += (s.astype(np.float64) * (1 + 2 * _gamma(n + 2, _F32))
-                        + self.g[key] * np.abs(const) + self.tiny[key])
-
-    def lower(self, const):
-        """The charged lower bounds (float64) of computed ones, const; -inf
-        where either is not finite."""
-        out = const.astype(np.float64) - self.charge
-        return np.where(np.isfinite(out), out, -np.inf)
-
-
-def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None, post=None):
+def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
-    ops[-1]'s output: in patches where ops allow it, else whole. post: a
-    _Posterior, which charges them."""
+    ops[-1]'s output: in patches where ops allow it, else whole."""
     if patchable(ops):
-        return backsub_rows(ops, relax, rows, lo, hi, nt, buffers, post)
+        return backsub_rows(ops, relax, rows, lo, hi, nt, buffers)
     last = ops[-1]
     if isinstance(last, Dense):  # e_r through it: its row r, then -e_r
         cols = as_columns(ops, 2 * rows.size)
@@ -315,53 +169,31 @@ def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None, post=None):
         else:
             A = signed_rows(last.W, rows, buffers, ("rows", id(last)))
         b = last.bias[rows]
-        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers, cols,
-                      post=post)
+        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers, cols)
     else:
         n = int(np.prod(last.out_shape))
         A = np.zeros((2 * rows.size, n), lo.dtype)
         A[np.arange(rows.size), rows] = 1
         A[rows.size + np.arange(rows.size), rows] = -1
-        lb = _backsub(ops, relax, A.reshape((-1,) + last.out_shape), lo, hi, None, nt, buffers,
-                      post=post)
+        lb = _backsub(ops, relax, A.reshape((-1,) + last.out_shape), lo, hi, None, nt, buffers)
     return lb[:rows.size], lb[rows.size:]
 
 
 def _interval(op, c, r, ch):
     """The box (centre c, radius r) through one affine op, widened where
-    ch (the _Charge, or None) is given, which goes through op too; and
-    ``(|W| Y, Y)``, Y = |c| + r bounding the magnitude of op's input (None
-    without ch). Its three radii are one product: the weights are read
-    once."""
+    ch (the _Charge, or None) is given, which goes through op too. Its
+    three radii are one product: the weights are read once."""
     if isinstance(op, Reshape):
         if ch is not None:
             ch.F = op.apply(ch.F)
-        return op.apply(c), op.apply(r), None
+        return op.apply(c), op.apply(r)
     c2 = op.apply(c)
     if ch is None:
-        return c2, op.radius(r), None
-    Y = np.abs(c) + r
-    r2, rc, rF = op.radius(np.concatenate([r, Y, ch.F]))[:, None]
+        return c2, op.radius(r)
+    r2, rc, rF = op.radius(np.concatenate([r, np.abs(c) + r, ch.F]))[:, None]
     g = _gamma(op.fan_in + 2, c.dtype)
     ch.affine(op, rF)
-    return c2, r2 + 2 * g * (rc + np.abs(op.bias)) + np.finfo(c.dtype).tiny, (rc, Y)
-
-
-# Intermediate bounds run in float32 only on values below this magnitude.
-NARROW_MAX = 1e30
-
-
-def narrowed(net, lo, hi):
-    """The float32 net that bounds' intermediate rows run on, or None: net
-    is float64, its weights are exact in float32, no convolution of it can
-    run by F(2, 3) (3 taps wide at column stride 1, whose rounding the
-    charge does not model), and the box is below NARROW_MAX."""
-    if net.dtype != np.float64 or not (np.abs(lo) < NARROW_MAX).all() & (np.abs(hi) < NARROW_MAX).all():
-        return None
-    if any(isinstance(op, Conv) and op.w.shape[3] == 3 and op.stride[1] == 1 and op.dilation[1] == 1
-           for op in net.ops):
-        return None
-    return net.exact_in(np.float32)
+    return c2, r2 + 2 * g * (rc + np.abs(op.bias)) + np.finfo(c.dtype).tiny
 
 
 def bounds(net, lo, hi, *, charge=True):
@@ -377,19 +209,11 @@ def bounds(net, lo, hi, *, charge=True):
     if charge:  # the midpoint's rounding
         r = r + np.finfo(dt).eps * np.abs(c) + np.finfo(dt).tiny
     ch = _Charge(lo, hi, net.input_shape, dt) if charge else None
-    # the intermediate rows in float32 where the net allows it, charged a
-    # posteriori; the output's in float64 (output_lower)
-    narrow = narrowed(net, lo, hi) if charge else None
-    if narrow is not None:
-        lo32, hi32 = outward32(lo, hi)
-        post, relax32 = _Posterior(lo32, hi32, narrow.buffers), {}
     pre, relax = {}, {}
     affine_since_relu = 0
     for i, op in enumerate(net.ops):
         if not isinstance(op, ReLU):
-            c, r, G = _interval(op, c, r, ch)
-            if narrow is not None and G is not None:
-                post.affine(i, op, *G)
+            c, r = _interval(op, c, r, ch)
             affine_since_relu += not isinstance(op, Reshape)
             continue
         l, u = (c - r).reshape(-1), (c + r).reshape(-1)
@@ -397,24 +221,14 @@ def bounds(net, lo, hi, *, charge=True):
         if relax or affine_since_relu > 1:
             rows = np.flatnonzero((l < 0) & (u > 0))
             if rows.size:
-                if narrow is not None:
-                    lower, neg_upper = _rows(narrow.ops[:i], relax32, rows, lo32, hi32, nt,
-                                             narrow.buffers, post)
-                else:
-                    lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi, nt, net.buffers)
-                    if ch is not None:
-                        lower -= ch.of_rows(rows)
-                        neg_upper -= ch.of_rows(rows)
+                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi, nt, net.buffers)
+                if ch is not None:
+                    lower -= ch.of_rows(rows)
+                    neg_upper -= ch.of_rows(rows)
                 l[rows] = np.maximum(l[rows], lower)
                 u[rows] = np.minimum(u[rows], -neg_upper)
         pre[i] = (l, u)
         relax[i] = tuple(v.reshape(op.in_shape) for v in relaxation(l, u))
-        if narrow is not None:
-            if (np.abs(l) < NARROW_MAX).all() and (np.abs(u) < NARROW_MAX).all():
-                relax32[i] = tuple(v.reshape(op.in_shape) for v in relaxation(*outward32(l, u)))
-                post.relu(i, l, u, *relax32[i][1:])
-            else:
-                narrow = None
         lo_out = np.maximum(l, 0).reshape((1,) + op.in_shape)
         hi_out = np.maximum(u, 0).reshape((1,) + op.in_shape)
         c, r = (lo_out + hi_out) / 2, (hi_out - lo_out) / 2

@@ -384,19 +384,6 @@ class Net:
             self._casts[dtype] = self._cast(dtype)
         return self._casts[dtype]
 
-    def exact_in(self, dtype) -> "Net | None":
-        """astype(dtype) where every weight and bias keeps its value there
-        (a float32 ONNX net read in float64), else None (made once, kept)."""
-        dtype = np.dtype(dtype)
-        key = ("exact", dtype)
-        if key not in self._casts:
-            cast = self.astype(dtype)
-            same = all(np.array_equal(v, getattr(c, k))
-                       for op, c in zip(self.ops, cast.ops) for k, v in vars(op).items()
-                       if isinstance(v, np.ndarray) and v.dtype.kind == "f")
-            self._casts[key] = cast if same else None
-        return self._casts[key]
-
     def _cast(self, dtype) -> "Net":
         ops = []
         for op in self.ops:

@@ -50,12 +50,11 @@ def _origin(conv, y, x):
     return y * conv.stride[0] - top, x * conv.stride[1] - left
 
 
-def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None, post=None):
+def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
     ops[-1]'s output, over the box [lo, hi] (flat), as computed (no
-    rounding charge; post, a _crown._Posterior: charged by it, in
-    float64): two arrays of len(rows). ops: patchable; nt: threads (0:
-    OpenMP's default); buffers: the net's Buffers, or None."""
+    rounding charge): two arrays of len(rows). ops: patchable; nt:
+    threads (0: OpenMP's default); buffers: the net's Buffers, or None."""
     last = ops[-1]
     dt = last.w.dtype
     O, OH, OW = last.out_shape
@@ -68,16 +67,12 @@ def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None, post=None):
     const = np.concatenate([b, -b])
     oy, ox = _origin(last, y, x)
     oy, ox = np.concatenate([oy, oy]).astype(np.int64), np.concatenate([ox, ox]).astype(np.int64)
-    if post is not None:
-        post.start(2 * n)
     # the steps below change A and const in place, zeroing the
     # coefficients that fall outside a layer (a convolution's padding)
     for j in range(len(ops) - 2, -1, -1):
         op = ops[j]
         K, C, h, w = A.shape
         th = threads_for(nt, A.size, K)
-        if post is not None:
-            post.step_patches(j, A, oy, ox, const, op.out_shape)
         if isinstance(op, ReLU):
             kernel("crown_relu_patches", dt)(A, oy, ox, *relax[j], const, th)
         elif isinstance(op, Elementwise):
@@ -97,11 +92,7 @@ def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None, post=None):
             A = out
             oy, ox = _origin(op, oy, ox)
     shape = ops[0].in_shape
-    if post is not None:
-        post.step_patches("box", A, oy, ox, const, shape)
     kernel("crown_box_patches", dt)(A, oy, ox, np.ascontiguousarray(lo, dt).reshape(shape),
                                     np.ascontiguousarray(hi, dt).reshape(shape), const,
                                     threads_for(nt, A.size, A.shape[0]))
-    if post is not None:
-        const = post.lower(const)
     return const[:n], const[n:]
