@@ -130,11 +130,14 @@ class Plan(NamedTuple):
     direct: tuple      # a Direct for a small stride-1 convolution, else ()
 
 
-def plan(xshape: tuple, wshape: tuple, stride, padding, dilation, dtype, xname: str = "x") -> Plan:
+def plan(xshape: tuple, wshape: tuple, stride, padding, dilation, dtype, xname: str = "x",
+         winograd: bool = True) -> Plan:
     """Checked geometry of a convolution of x (N, C, H, W) by weight
     (O, C, kh, kw) of dtype, the arguments of its kernel passes and their
     algorithms (cypool._select); ValueError for bad parameters, as conv2d
-    raises."""
+    raises. winograd=False: LANES where the choice is WINOGRAD, so that
+    every output is a direct sum (cypool.verify's rounding charge bounds
+    a direct sum's error only)."""
     N, C, H, W = xshape
     O, _, kh, kw = wshape
     chk.conv_channels(C, wshape, xname)
@@ -156,14 +159,18 @@ def plan(xshape: tuple, wshape: tuple, stride, padding, dilation, dtype, xname: 
     itemsize = np.dtype(dtype).itemsize
     stride1 = sh == sw == 1
     band = forced("ov_band") or _OV_BAND
-    algo = select_conv(C, O, kh, kw, g.OW, Wp, sw, dw, itemsize, stride1=stride1, small=small)
+    def direct_sums(algo):
+        return ConvAlgo.LANES if algo == ConvAlgo.WINOGRAD and not winograd else algo
+
+    algo = direct_sums(select_conv(C, O, kh, kw, g.OW, Wp, sw, dw, itemsize, stride1=stride1,
+                                   small=small))
     forward = forward._replace(algo=(int(algo), band))
     if algo == ConvAlgo.DIRECT:
         direct = Direct(g.ph0, g.pw0, rh - g.ph0, rw - g.pw0, dh, dw)
     else:
         direct = ()
-        ialgo = select_conv(O, C, kh, kw, W, W + rw, 1, dw, itemsize, stride1=stride1,
-                            small=False)
+        ialgo = direct_sums(select_conv(O, C, kh, kw, W, W + rw, 1, dw, itemsize,
+                                        stride1=stride1, small=False))
         input_grad = input_grad._replace(algo=(int(ialgo), band))
     weight_grad = weight_grad._replace(algo=(select_weight_grad(O) == WeightGradAlgo.DOTS,))
     return Plan((N, O, g.OH, g.OW), forward, input_grad, weight_grad, col2im, direct)

@@ -523,6 +523,37 @@ def test_patches_give_the_whole_back_substitution(rng):
     assert not _patches.patchable(ops[:2]) and not _patches.patchable(ops[:5])
 
 
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
+def test_convolutions_of_the_bounds_run_direct_sums(rng, monkeypatch, stride):
+    """The rounding charge bounds a direct sum's error only: with F(2, 3)
+    forced, the plans of cypool.verify's convolutions (the op's, and the
+    patches') still run LANES, where conv2d's own plan takes F(2, 3)."""
+    from cypool import _conv_engine as engine
+    from cypool._select import ConvAlgo
+    from cypool._testing import force
+    from cypool.verify import _patches
+    from cypool.verify._net import Conv
+
+    c1 = Conv(rng.standard_normal((8, 4, 3, 3)), np.zeros(8), (4, 12, 12), stride, (1, 1, 1, 1), (1, 1))
+    c2 = Conv(rng.standard_normal((3, 8, 3, 3)), np.zeros(3), c1.out_shape, (1, 1), (1, 1, 1, 1), (1, 1))
+    ops = [c1, ReLU(c1.out_shape), c2]
+    plans = []
+    real = engine.input_grad_into
+    monkeypatch.setattr(engine, "input_grad_into", lambda *a: plans.append(a[3]) or real(*a))
+    lo = rng.standard_normal(c1.in_shape).reshape(-1)
+    hi = lo + 1
+    with force(conv=ConvAlgo.WINOGRAD):
+        plans.append(c1._plan(3, np.dtype(np.float64)))
+        _, relax, _ = bounds(verify.Net(ops, c1.in_shape, np.float64), lo, hi, charge=False)
+        _patches.backsub_rows(ops, relax, np.arange(10), lo, hi)
+        theirs = engine.plan((3, 4, 12, 12), c1.w.shape, stride, (1, 1), (1, 1), np.float64)
+    assert len(plans) == 2  # the op's plan, and the patches' one
+    algos = {p.algo[0] for plan in plans for p in (plan.forward, plan.input_grad) if p.algo}
+    assert ConvAlgo.WINOGRAD not in algos and ConvAlgo.LANES in algos
+    if stride == (1, 1):
+        assert theirs.forward.algo[0] == ConvAlgo.WINOGRAD
+
+
 def test_kept_buffers_give_the_bounds_of_fresh_arrays(rng):
     """Bounds computed into the net's kept buffers, box after box (rows of
     different counts), equal those computed into fresh arrays."""

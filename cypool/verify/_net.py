@@ -122,7 +122,8 @@ class Conv:
             (et, eb), (el, er) = self.extra
             C, H, W = self.in_shape
             p = self._plans[key] = engine.plan((n, C, H + et + eb, W + el + er), self.w.shape,
-                                               self.stride, self.sym, self.dilation, dtype)
+                                               self.stride, self.sym, self.dilation, dtype,
+                                               winograd=False)
         return p
 
     def _padded(self, X):

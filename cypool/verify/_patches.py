@@ -87,7 +87,7 @@ def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
             out = kept(buffers, ("patches", id(op)), shape, dt)
             # the engine's pass with a plan made here (14 us): conv2d_backward's
             # checks took a fifth of it on oval21
-            plan = engine.plan(shape, wd.shape, op.stride, (0, 0), (1, 1), dt)
+            plan = engine.plan(shape, wd.shape, op.stride, (0, 0), (1, 1), dt, winograd=False)
             engine.input_grad_into(out, A, np.ascontiguousarray(wd), plan, nt)
             A = out
             oy, ox = _origin(op, oy, ox)
