@@ -159,6 +159,7 @@ def plan(xshape: tuple, wshape: tuple, stride, padding, dilation, dtype, xname: 
     itemsize = np.dtype(dtype).itemsize
     stride1 = sh == sw == 1
     band = forced("ov_band") or _OV_BAND
+
     def direct_sums(algo):
         return ConvAlgo.LANES if algo == ConvAlgo.WINOGRAD and not winograd else algo
 

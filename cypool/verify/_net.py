@@ -180,6 +180,8 @@ class Conv:
                                           chk.num_threads_arg(self.num_threads), skip_zero_taps=True)
             g = out
         else:
+            # never by F(2, 3) (see _plan): from COLUMNS_MIN_ROWS rows, conv2d's
+            # kernels see taps K apart (rows of W * K values) or a stride
             g, _, _ = vector_conv2d_backward(A, np.broadcast_to(np.zeros((), A.dtype), shape), self.w,
                                              self.stride, self.sym, self.dilation,
                                              needs_weight_grad=False, grad_x_out=out,
