@@ -421,42 +421,38 @@ def crown_box_cols(floating[:, ::1] A,        # IN (n, K)
         _run_step(&g, &dummy, num_threads, True)
 
 
-cdef void _signed_cols_rows(const floating* M, Py_ssize_t m, const int64_t* pos, Py_ssize_t kp,
-                            const int64_t* neg, Py_ssize_t kn, floating* A,
-                            Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+cdef void _signed_cols_rows(const floating* M, Py_ssize_t m, const int64_t* cols, Py_ssize_t k,
+                            floating* A, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
     """Rows [start, end) of crown_signed_cols."""
     cdef Py_ssize_t j, q
     cdef const floating* src
     cdef floating* dst
     for j in range(start, end):
         src = M + j * m
-        dst = A + j * (kp + kn)
-        for q in range(kp):
-            dst[q] = src[pos[q]]
-        for q in range(kn):
-            dst[kp + q] = -src[neg[q]]
+        dst = A + j * 2 * k
+        for q in range(k):
+            dst[q] = src[cols[q]]
+        for q in range(k):
+            dst[k + q] = -dst[q]
 
 
 def crown_signed_cols(const floating[:, ::1] M,     # IN (n, m)
-                      const int64_t[::1] pos,       # IN (kp,): in [0, m), checked by the caller
-                      const int64_t[::1] neg,       # IN (kn,): in [0, m), checked by the caller
-                      floating[:, ::1] A,           # OUT (n, kp + kn)
+                      const int64_t[::1] cols,      # IN (k,): in [0, m), checked by the caller
+                      floating[:, ::1] A,           # OUT (n, 2k)
                       int num_threads):
-    """A = [M[:, pos], -M[:, neg]]: the columns of a dense layer's
-    transposed weights for y_pos and -y_neg, in one pass over A's rows."""
-    cdef Py_ssize_t n = M.shape[0], m = M.shape[1], kp = pos.shape[0], kn = neg.shape[0]
-    cdef const int64_t* pp = &pos[0] if kp else NULL
-    cdef const int64_t* pn = &neg[0] if kn else NULL
+    """A = [M[:, cols], -M[:, cols]]: the columns of a dense layer's
+    transposed weights for y_r and -y_r, in one pass over A's rows."""
+    cdef Py_ssize_t n = M.shape[0], m = M.shape[1], k = cols.shape[0]
     cdef int tid
-    if n == 0 or kp + kn == 0:
+    if n == 0 or k == 0:
         return
     with nogil:
         if num_threads == 1:
             _set_serial_team()
-            _signed_cols_rows(&M[0, 0], m, pp, kp, pn, kn, &A[0, 0], 0, n)
+            _signed_cols_rows(&M[0, 0], m, &cols[0], k, &A[0, 0], 0, n)
         else:
             with parallel(num_threads=num_threads):
                 _note_team()
                 tid = threadid()
-                _signed_cols_rows(&M[0, 0], m, pp, kp, pn, kn, &A[0, 0], _share_start(n, tid),
+                _signed_cols_rows(&M[0, 0], m, &cols[0], k, &A[0, 0], _share_start(n, tid),
                                   _share_start(n, tid + 1))

@@ -156,67 +156,27 @@ class _Charge:
         return 2 * self.gam * (np.abs(C).reshape(K, -1) @ self.F.reshape(-1)) + np.finfo(self.dt).tiny
 
 
-def _rows(ops, relax, pos, neg, lo, hi, nt=0, buffers=None):
-    """Lower bounds of ``y_r`` for the flat rows r in pos of ops[-1]'s
-    output and of ``-y_r`` for those in neg: in patches where ops allow
-    it, else whole."""
+def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
+    """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
+    ops[-1]'s output: in patches where ops allow it, else whole."""
     if patchable(ops):
-        return backsub_rows(ops, relax, pos, neg, lo, hi, nt, buffers)
+        return backsub_rows(ops, relax, rows, lo, hi, nt, buffers)
     last = ops[-1]
-    n = len(pos)
-    if isinstance(last, Dense):  # e_r through it: its row r (-e_r: minus it)
-        if as_columns(ops, n + len(neg)):
-            A = signed_cols(last.WT(), pos, neg, buffers, ("cols", id(last)), nt)
-            cols = True
+    if isinstance(last, Dense):  # e_r through it: its row r, then -e_r
+        cols = as_columns(ops, 2 * rows.size)
+        if cols:
+            A = signed_cols(last.WT(), rows, buffers, ("cols", id(last)), nt)
         else:
-            A = signed_rows(last.W, pos, neg, buffers, ("rows", id(last)))
-            cols = False
-        const = np.concatenate([last.bias[pos], -last.bias[neg]])
-        lb = _backsub(ops[:-1], relax, A, lo, hi, const, nt, buffers, cols)
+            A = signed_rows(last.W, rows, buffers, ("rows", id(last)))
+        b = last.bias[rows]
+        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers, cols)
     else:
-        A = np.zeros((n + len(neg), int(np.prod(last.out_shape))), lo.dtype)
-        A[np.arange(n), pos] = 1
-        A[n + np.arange(len(neg)), neg] = -1
+        n = int(np.prod(last.out_shape))
+        A = np.zeros((2 * rows.size, n), lo.dtype)
+        A[np.arange(rows.size), rows] = 1
+        A[rows.size + np.arange(rows.size), rows] = -1
         lb = _backsub(ops, relax, A.reshape((-1,) + last.out_shape), lo, hi, None, nt, buffers)
-    return lb[:n], lb[n:]
-
-
-# From this many unstable neurons on, a ReLU's input bounds are
-# back-substituted one side first, the other only where needed (_settle),
-# while the ReLU below settled at least SETTLE_MIN_SHARE of its neurons so.
-SETTLE_MIN_ROWS = 128
-SETTLE_MIN_SHARE = 0.5
-
-
-def _settle(ops, relax, rows, point, l, u, ch, lo, hi, nt, buffers, split=True):
-    """Tighten l and u (in place) at the flat rows of ops[-1]'s output by
-    back-substitution, and return the share of rows the first side proved
-    stable (None where both sides ran at once: split False, or few rows).
-
-    Only the lower bound can prove a neuron active and only the upper one
-    dead, and a neuron that is positive at some point of the box (point:
-    the net's values there) is not dead: such rows take their lower bound
-    first, the others their upper bound, and the other side only where the
-    first leaves them unstable. A neuron proved active keeps its interval
-    upper bound, which its relaxation does not use."""
-    def tighten(pos, neg):
-        lower, neg_upper = _rows(ops, relax, pos, neg, lo, hi, nt, buffers)
-        if ch is not None:
-            lower -= ch.of_rows(pos)
-            neg_upper -= ch.of_rows(neg)
-        l[pos] = np.maximum(l[pos], lower)
-        u[neg] = np.minimum(u[neg], -neg_upper)
-
-    if not split or rows.size < SETTLE_MIN_ROWS:  # a second pass would cost more than it saves
-        tighten(rows, rows)
-        return None
-    below = point.reshape(-1)[rows] < 0
-    first_lo, first_up = rows[~below], rows[below]
-    tighten(first_lo, first_up)
-    then_lo, then_up = first_up[u[first_up] > 0], first_lo[l[first_lo] < 0]
-    if then_lo.size or then_up.size:
-        tighten(then_lo, then_up)
-    return 1 - (then_lo.size + then_up.size) / rows.size
+    return lb[:rows.size], lb[rows.size:]
 
 
 def _interval(op, c, r, ch):
@@ -246,17 +206,14 @@ def bounds(net, lo, hi, *, charge=True):
     hi = np.ascontiguousarray(hi, dt)
     c = ((lo + hi) / 2).reshape((1,) + net.input_shape)
     r = ((hi - lo) / 2).reshape((1,) + net.input_shape)
-    x = c  # the net at the box's centre, as computed (_settle's guide)
     if charge:  # the midpoint's rounding
         r = r + np.finfo(dt).eps * np.abs(c) + np.finfo(dt).tiny
     ch = _Charge(lo, hi, net.input_shape, dt) if charge else None
     pre, relax = {}, {}
     affine_since_relu = 0
-    share = None  # the last share _settle settled
     for i, op in enumerate(net.ops):
         if not isinstance(op, ReLU):
             c, r = _interval(op, c, r, ch)
-            x = op.apply(x)
             affine_since_relu += not isinstance(op, Reshape)
             continue
         l, u = (c - r).reshape(-1), (c + r).reshape(-1)
@@ -264,9 +221,12 @@ def bounds(net, lo, hi, *, charge=True):
         if relax or affine_since_relu > 1:
             rows = np.flatnonzero((l < 0) & (u > 0))
             if rows.size:
-                settled = _settle(net.ops[:i], relax, rows, x, l, u, ch, lo, hi, nt, net.buffers,
-                                  share is None or share >= SETTLE_MIN_SHARE)
-                share = share if settled is None else settled
+                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi, nt, net.buffers)
+                if ch is not None:
+                    lower -= ch.of_rows(rows)
+                    neg_upper -= ch.of_rows(rows)
+                l[rows] = np.maximum(l[rows], lower)
+                u[rows] = np.minimum(u[rows], -neg_upper)
         pre[i] = (l, u)
         relax[i] = tuple(v.reshape(op.in_shape) for v in relaxation(l, u))
         lo_out = np.maximum(l, 0).reshape((1,) + op.in_shape)
@@ -275,7 +235,6 @@ def bounds(net, lo, hi, *, charge=True):
         if charge:
             r = r + np.finfo(dt).eps * np.abs(c) + np.finfo(dt).tiny
             ch.relu()
-        x = np.maximum(x, 0)
         affine_since_relu = 0
     return pre, relax, ch
 

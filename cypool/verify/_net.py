@@ -279,26 +279,23 @@ def kept(buffers, key, shape, dtype, last=False):
     return np.empty(shape, dtype) if buffers is None else buffers.get(key, shape, dtype, last)
 
 
-def signed_rows(M, pos, neg, buffers, key):
-    """M's rows pos, then the negatives of its rows neg (along axis 0): the
-    coefficients of ``y_pos`` and ``-y_neg``, into kept(buffers, key, ...)."""
-    n = len(pos)
-    A = kept(buffers, key, (n + len(neg),) + M.shape[1:], M.dtype)
-    np.take(M, pos, axis=0, out=A[:n])
-    np.take(M, neg, axis=0, out=A[n:])
-    np.negative(A[n:], out=A[n:])
+def signed_rows(M, rows, buffers, key):
+    """M's rows (along axis 0), then their negatives: the coefficients of
+    ``y_r`` and ``-y_r``, into kept(buffers, key, ...)."""
+    n = len(rows)
+    A = kept(buffers, key, (2 * n,) + M.shape[1:], M.dtype)
+    np.take(M, rows, axis=0, out=A[:n])
+    np.negative(A[:n], out=A[n:])
     return A
 
 
-def signed_cols(MT, pos, neg, buffers, key, nt=0):
-    """MT's columns pos, then the negatives of its columns neg (MT (n, m),
-    C-contiguous; pos, neg in [0, m)): signed_rows of MT's transpose,
-    transposed, into kept(buffers, key, ...), in one compiled pass (np.take
-    along the last axis and np.negative took 0.5 ms on oval21's dense
-    layer)."""
-    A = kept(buffers, key, (MT.shape[0], len(pos) + len(neg)), MT.dtype, True)
-    kernel("crown_signed_cols", MT.dtype)(MT, np.ascontiguousarray(pos, np.int64),
-                                          np.ascontiguousarray(neg, np.int64), A,
+def signed_cols(MT, cols, buffers, key, nt=0):
+    """MT's columns (MT (n, m), C-contiguous; cols int64 in [0, m)), then
+    their negatives: signed_rows of MT's transpose, transposed, into
+    kept(buffers, key, ...), in one compiled pass (np.take along the last
+    axis and np.negative took 0.5 ms on oval21's dense layer)."""
+    A = kept(buffers, key, (MT.shape[0], 2 * len(cols)), MT.dtype, True)
+    kernel("crown_signed_cols", MT.dtype)(MT, np.ascontiguousarray(cols, np.int64), A,
                                           threads_for(nt, A.size, MT.shape[0]))
     return A
 

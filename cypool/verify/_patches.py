@@ -50,24 +50,23 @@ def _origin(conv, y, x):
     return y * conv.stride[0] - top, x * conv.stride[1] - left
 
 
-def backsub_rows(ops, relax, pos, neg, lo, hi, nt=0, buffers=None):
-    """Lower bounds of ``y_r`` for the flat rows r in pos of ops[-1]'s
-    output, and of ``-y_r`` for those in neg, over the box [lo, hi] (flat),
-    as computed (no rounding charge): two arrays, of len(pos) and len(neg).
-    ops: patchable; nt: threads (0: OpenMP's default); buffers: the net's
-    Buffers, or None."""
+def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
+    """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
+    ops[-1]'s output, over the box [lo, hi] (flat), as computed (no
+    rounding charge): two arrays of len(rows). ops: patchable; nt:
+    threads (0: OpenMP's default); buffers: the net's Buffers, or None."""
     last = ops[-1]
     dt = last.w.dtype
     O, OH, OW = last.out_shape
-    n = len(pos)
-    rows = np.concatenate([pos, neg]).astype(np.int64)
     o, rem = np.divmod(rows, OH * OW)
     y, x = np.divmod(rem, OW)
     wd = _dilated(last)
-    A = signed_rows(wd, o[:n], o[n:], buffers, ("rows", id(last)))  # +e_pos, then -e_neg
-    const = last.bias[o, y, x]
-    const[n:] *= -1
-    oy, ox = (v.astype(np.int64) for v in _origin(last, y, x))
+    n = len(rows)
+    A = signed_rows(wd, o, buffers, ("rows", id(last)))  # +e_r, then -e_r
+    b = last.bias[o, y, x]
+    const = np.concatenate([b, -b])
+    oy, ox = _origin(last, y, x)
+    oy, ox = np.concatenate([oy, oy]).astype(np.int64), np.concatenate([ox, ox]).astype(np.int64)
     # the steps below change A and const in place, zeroing the
     # coefficients that fall outside a layer (a convolution's padding)
     for j in range(len(ops) - 2, -1, -1):
