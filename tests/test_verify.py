@@ -554,6 +554,25 @@ def test_convolutions_of_the_bounds_run_direct_sums(rng, monkeypatch, stride):
         assert theirs.forward.algo[0] == ConvAlgo.WINOGRAD
 
 
+def test_the_steps_of_a_dense_net_run_on_the_calling_thread(tmp_path, rng, monkeypatch):
+    """step_threads: a net's own thread count where it has a convolution
+    (which runs on the same team), else 1 (its products run on OpenBLAS's
+    threads); bounds hands every compiled step that count."""
+    from cypool.verify import _crown
+    dense = verify.load_onnx(random_dense_net(tmp_path, rng, (5, 12, 12, 3)))
+    conv = verify.load_onnx(conv_model(tmp_path / "c.onnx", rng))
+    assert _crown.step_threads(dense.with_threads(2)) == 1
+    assert _crown.step_threads(conv.with_threads(2)) == 2
+    assert _crown.step_threads(conv.with_threads(3)) == 3
+    seen = []
+    real = _crown.threads_for
+    monkeypatch.setattr(_crown, "threads_for", lambda nt, *a: seen.append(nt) or real(nt, *a))
+    lo = rng.standard_normal(dense.n_inputs)
+    _, relax, charge = bounds(dense.with_threads(2), lo, lo + 1)
+    output_lower(dense.with_threads(2), relax, charge, np.eye(3), lo, lo + 1)
+    assert seen and set(seen) == {1}
+
+
 def test_kept_buffers_give_the_bounds_of_fresh_arrays(rng):
     """Bounds computed into the net's kept buffers, box after box (rows of
     different counts), equal those computed into fresh arrays."""

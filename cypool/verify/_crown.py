@@ -67,6 +67,16 @@ def as_columns(ops, K: int) -> bool:
     return K >= COLUMNS_MIN_ROWS and any(isinstance(op, Conv) for op in ops)
 
 
+def step_threads(net) -> int:
+    """Threads for the compiled steps of net's bounds: net.num_threads (0:
+    OpenMP's default) where a convolution of it runs on the same team, else
+    1. Between a dense net's products, which run on OpenBLAS's threads, a
+    team thread spinning after a step takes a CPU from OpenBLAS's worker."""
+    if any(isinstance(op, Conv) for op in net.ops):
+        return chk.num_threads_arg(net.num_threads)
+    return 1
+
+
 def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, inputs=False):
     """Lower bounds of the rows of A (K, *shape of ops[-1]'s output; cols:
     the rows as the last axis, (*shape, K)), plus const, over the box [lo,
@@ -201,7 +211,7 @@ def bounds(net, lo, hi, *, charge=True):
     over the box [lo, hi], their relaxations ``{i: (a, s, t)}``, and the
     rounding charge at the output (None without charge)."""
     dt = net.dtype
-    nt = chk.num_threads_arg(net.num_threads)
+    nt = step_threads(net)
     lo = np.ascontiguousarray(lo, dt)
     hi = np.ascontiguousarray(hi, dt)
     c = ((lo + hi) / 2).reshape((1,) + net.input_shape)
@@ -252,7 +262,7 @@ def output_lower(net, relax, charge, C, lo, hi, *, inputs=False):
         A = np.ascontiguousarray(np.moveaxis(A, 0, -1))
     lo = np.ascontiguousarray(lo, dt)
     hi = np.ascontiguousarray(hi, dt)
-    lb = _backsub(net.ops, relax, A, lo, hi, None, chk.num_threads_arg(net.num_threads),
+    lb = _backsub(net.ops, relax, A, lo, hi, None, step_threads(net),
                   net.buffers, cols, inputs)
     if inputs:
         lb, coef = lb
