@@ -362,8 +362,9 @@ class Net:
         return G
 
     def with_threads(self, num_threads) -> "Net":
-        """The same network, its convolutions and the bounds' kernels on
-        num_threads threads (made once for each num_threads, kept)."""
+        """The same network, its convolutions on num_threads threads, and
+        the bounds' compiled steps too where it has a convolution
+        (_crown.step_threads); made once for each num_threads, kept."""
         n = chk.num_threads_arg(num_threads)  # 0: OpenMP's default
         if n not in self._threaded:
             self._threaded[n] = self._on_threads(num_threads)
