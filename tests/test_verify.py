@@ -573,6 +573,42 @@ def test_the_steps_of_a_dense_net_run_on_the_calling_thread(tmp_path, rng, monke
     assert seen and set(seen) == {1}
 
 
+def test_dense_rows_of_dead_neurons_stop_without_changing_a_relaxation(tmp_path, rng, monkeypatch):
+    """On deep dense nets, the rows of neurons found dead at a ReLU's box
+    below their layer stop there (_crown._Dead), and every ReLU's
+    relaxation, the output's bounds and the live neurons' bounds are
+    those of rows all taken to the input."""
+    from cypool.verify import _crown
+    stopped = []
+    real_stop = _crown._Dead.stop
+
+    def spy(self, Af, const, i, nt):
+        A, c = real_stop(self, Af, const, i, nt)
+        stopped.append(const.size - c.size)
+        return A, c
+    monkeypatch.setattr(_crown._Dead, "stop", spy)
+    for trial in range(3):
+        net = verify.load_onnx(random_dense_net(tmp_path, rng, (6, 30, 30, 30, 30, 4)))
+        lo = rng.standard_normal(net.n_inputs)
+        hi = lo + rng.uniform(0, 1, lo.size)
+        C = rng.standard_normal((5, 4))
+        pre, relax, ch = bounds(net, lo, hi)
+        lb = output_lower(net, relax, ch, C, lo, hi)
+        with monkeypatch.context() as m:
+            m.setattr(_crown._Dead, "stop", lambda self, Af, const, i, nt: (Af, const))
+            pre_all, relax_all, ch_all = bounds(net, lo, hi)
+            lb_all = output_lower(net, relax_all, ch_all, C, lo, hi)
+        for i in relax:
+            for v, w in zip(relax[i], relax_all[i]):
+                np.testing.assert_allclose(v, w, rtol=1e-12, atol=1e-12)
+            live = pre_all[i][1] > 0
+            np.testing.assert_array_equal(pre[i][1] > 0, live)
+            np.testing.assert_allclose(pre[i][0][live], pre_all[i][0][live], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(pre[i][1][live], pre_all[i][1][live], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(lb, lb_all, rtol=1e-12, atol=1e-12)
+    assert sum(stopped) > 0
+
+
 def test_kept_buffers_give_the_bounds_of_fresh_arrays(rng):
     """Bounds computed into the net's kept buffers, box after box (rows of
     different counts), equal those computed into fresh arrays."""
@@ -701,8 +737,12 @@ def test_rows_as_columns_give_the_bounds_of_rows(rng, monkeypatch, dt):
     monkeypatch.setattr(_crown, "COLUMNS_MIN_ROWS", 1)
     got = _crown.bounds(net, lo, hi)[0]
     for i in want:
+        # as rows, a neuron found dead below its layer stops there, its
+        # upper bound below 0 and its lower bound the interval's
+        live = want[i][1] > 0
+        np.testing.assert_array_equal(got[i][1] > 0, live)
         for w, g in zip(want[i], got[i]):
-            np.testing.assert_allclose(g, w, **tol)
+            np.testing.assert_allclose(g[live], w[live], **tol)
     np.testing.assert_allclose(output_lower(net, relax, ch, C, lo, hi), want_out, **tol)
 
 

@@ -10,7 +10,8 @@ by its transpose (a dense layer's matrix product, a convolution's input
 gradient), through a ReLU by the relaxation that bounds it in the right
 direction. Each ReLU's input bounds are computed first, the tighter of
 interval arithmetic and back-substitution, only for the neurons interval
-arithmetic leaves unstable.
+arithmetic leaves unstable; through dense layers, the rows of a neuron
+found dead on a lower ReLU's box stop there (_Dead).
 
 Rounding: every bound is computed in the net's dtype with ordinary
 rounding, so each is widened by a charge (_Charge): ``gamma_n = n u / (1
@@ -22,6 +23,8 @@ nudged up so that it stays above the ReLU on ``[l, u]`` whatever the
 rounding of ``s``.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -77,14 +80,16 @@ def step_threads(net) -> int:
     return 1
 
 
-def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, inputs=False):
+def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, inputs=False,
+             dead=None):
     """Lower bounds of the rows of A (K, *shape of ops[-1]'s output; cols:
     the rows as the last axis, (*shape, K)), plus const, over the box [lo,
     hi] (flat, contiguous), as computed (no rounding charge). A and const
     are consumed: changed in place where they are contiguous arrays of the
     net's dtype. nt: threads (0: OpenMP's default); buffers: the net's
     Buffers for the transposed maps, or None. inputs: also return the
-    rows' coefficients on the input, (K, n), a view of A or of a buffer."""
+    rows' coefficients on the input, (K, n), a view of A or of a buffer.
+    dead: see _Dead (rows only, not with inputs)."""
     K = A.shape[-1] if cols else A.shape[0]
     dt = A.dtype
     const = np.zeros(K, dt) if const is None else const
@@ -93,8 +98,17 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
         return np.ascontiguousarray(A.reshape(-1, K) if cols else A.reshape(K, -1))
 
     live = {}  # for a Dense op: its outputs that the ReLU above left alive
+    below_first = False  # whether a ReLU was passed: the first one's box is the interval's
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
+        if isinstance(op, ReLU) and dead is not None:
+            if below_first and i in dead.boxes:
+                A, const = dead.stop(flat(A), const, i, nt)
+                K = const.size
+                if not K:
+                    return dead.result(const)
+                A = A.reshape((K,) + op.out_shape)
+            below_first = True
         if isinstance(op, ReLU):
             # a negative coefficient takes the upper line (s, t), a positive
             # one the lower (a); stable neurons have a = s and t = 0
@@ -127,7 +141,47 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
                                                           threads_for(nt, Af.size, K))
     if inputs:
         return const, (Af.T if cols else Af)
-    return const
+    return const if dead is None else dead.result(const)
+
+
+class _Dead:
+    """Stops the rows of the neurons found dead below their layer, for
+    _backsub: the rows of m neurons, ``+e_r`` then ``-e_r``. At each ReLU
+    below the first (whose output box gives the interval bound), the
+    ``-e_r`` rows are bounded on that ReLU's output box (``boxes[i]``,
+    sound bounds); where one is above the neuron's rounding charge
+    (``margin``), ``u < 0``: the neuron is dead, its bounds are not used
+    further, and both its rows stop there. A live neuron goes on to the
+    input: its bounds, and so the next layers' boxes, are unchanged."""
+
+    def __init__(self, boxes, margin):
+        self.boxes, self.margin = boxes, margin
+        m = margin.size
+        self.going = np.arange(m)
+        self.out = np.full(2 * m, -np.inf, margin.dtype)
+
+    def stop(self, Af, const, i, nt):
+        """Af (2k, n) and const (2k,) without the rows of the neurons dead
+        on ReLU i's output box."""
+        k = const.size // 2
+        v = const[k:].copy()
+        kernel("crown_box", Af.dtype)(Af[k:], *self.boxes[i], v, threads_for(nt, Af[k:].size, k))
+        dead = v > self.margin[self.going]
+        if not dead.any():
+            return Af, const
+        m = self.margin.size
+        self.out[m + self.going[dead]] = v[dead]
+        keep = np.flatnonzero(~dead)
+        rows = np.concatenate([keep, keep + k])
+        self.going = self.going[keep]
+        return np.take(Af, rows, axis=0), const[rows]
+
+    def result(self, const):
+        """The bounds of every row: const's for the rows that went on."""
+        m, k = self.margin.size, const.size // 2
+        self.out[self.going] = const[:k]
+        self.out[m + self.going] = const[k:]
+        return self.out
 
 
 class _Charge:
@@ -145,13 +199,13 @@ class _Charge:
     def __init__(self, lo, hi, input_shape, dt):
         self.dt = dt
         self.F = np.maximum(np.abs(lo), np.abs(hi)).reshape((1,) + input_shape)
-        self.gam = _gamma(int(np.prod(input_shape)) + 2, dt)
+        self.gam = _gamma(math.prod(input_shape) + 2, dt)
 
     def affine(self, op, radius):
         """Through op, given ``op.radius(self.F)`` (radius)."""
         F = radius + (0 if op.bias is None else np.abs(op.bias))
         self.F = F * (1 + 4 * _gamma(op.fan_in + 2, self.dt)) + np.finfo(self.dt).tiny
-        self.gam += _gamma(op.fan_in + int(np.prod(op.out_shape)) + 2, self.dt)
+        self.gam += _gamma(op.fan_in + math.prod(op.out_shape) + 2, self.dt)
 
     def relu(self):
         self.gam += 4 * np.finfo(self.dt).eps
@@ -166,9 +220,11 @@ class _Charge:
         return 2 * self.gam * (np.abs(C).reshape(K, -1) @ self.F.reshape(-1)) + np.finfo(self.dt).tiny
 
 
-def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
+def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None, boxes=None, margin=None):
     """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
-    ops[-1]'s output: in patches where ops allow it, else whole."""
+    ops[-1]'s output: in patches where ops allow it, else whole. boxes,
+    margin: the ReLUs' output boxes and the rows' charges, for _Dead where
+    the rows go whole through dense layers."""
     if patchable(ops):
         return backsub_rows(ops, relax, rows, lo, hi, nt, buffers)
     last = ops[-1]
@@ -179,7 +235,9 @@ def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
         else:
             A = signed_rows(last.W, rows, buffers, ("rows", id(last)))
         b = last.bias[rows]
-        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers, cols)
+        dead = None if cols or boxes is None else _Dead(boxes, margin)
+        lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers, cols,
+                      dead=dead)
     else:
         n = int(np.prod(last.out_shape))
         A = np.zeros((2 * rows.size, n), lo.dtype)
@@ -208,7 +266,8 @@ def _interval(op, c, r, ch):
 
 def bounds(net, lo, hi, *, charge=True):
     """The input bounds ``{i: (l, u)}`` of every ReLU ops[i] of net, flat,
-    over the box [lo, hi], their relaxations ``{i: (a, s, t)}``, and the
+    over the box [lo, hi] (a neuron found dead below its layer: ``u < 0``
+    and l the interval's), their relaxations ``{i: (a, s, t)}``, and the
     rounding charge at the output (None without charge)."""
     dt = net.dtype
     nt = step_threads(net)
@@ -219,7 +278,7 @@ def bounds(net, lo, hi, *, charge=True):
     if charge:  # the midpoint's rounding
         r = r + np.finfo(dt).eps * np.abs(c) + np.finfo(dt).tiny
     ch = _Charge(lo, hi, net.input_shape, dt) if charge else None
-    pre, relax = {}, {}
+    pre, relax, boxes = {}, {}, {}
     affine_since_relu = 0
     for i, op in enumerate(net.ops):
         if not isinstance(op, ReLU):
@@ -231,13 +290,15 @@ def bounds(net, lo, hi, *, charge=True):
         if relax or affine_since_relu > 1:
             rows = np.flatnonzero((l < 0) & (u > 0))
             if rows.size:
-                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi, nt, net.buffers)
-                if ch is not None:
-                    lower -= ch.of_rows(rows)
-                    neg_upper -= ch.of_rows(rows)
+                margin = np.zeros(rows.size, dt) if ch is None else ch.of_rows(rows)
+                lower, neg_upper = _rows(net.ops[:i], relax, rows, lo, hi, nt, net.buffers,
+                                         boxes, margin)
+                lower -= margin
+                neg_upper -= margin
                 l[rows] = np.maximum(l[rows], lower)
                 u[rows] = np.minimum(u[rows], -neg_upper)
         pre[i] = (l, u)
+        boxes[i] = (np.maximum(l, 0), np.maximum(u, 0))
         relax[i] = tuple(v.reshape(op.in_shape) for v in relaxation(l, u))
         lo_out = np.maximum(l, 0).reshape((1,) + op.in_shape)
         hi_out = np.maximum(u, 0).reshape((1,) + op.in_shape)

@@ -9,6 +9,7 @@ the rows as the last axis, ``(*out_shape, K)`` to ``(*in_shape, K)``.
 from __future__ import annotations
 
 import copy
+import math
 import threading
 
 import numpy as np
@@ -190,7 +191,7 @@ class Conv:
 
     @property
     def fan_in(self):
-        return int(np.prod(self.w.shape[1:]))
+        return math.prod(self.w.shape[1:])
 
 
 class Elementwise:
@@ -264,7 +265,7 @@ class Buffers:
         arrays = self._local.__dict__.setdefault("arrays", {})
         dtype = np.dtype(dtype)
         full = (key, tuple(shape[:-1] if last else shape[1:]), last, dtype)
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         a = arrays.get(full)
         if a is None or a.size < n:
             raw = np.empty(n * dtype.itemsize + 64, np.uint8)
