@@ -53,7 +53,7 @@ def relaxations(ops, relax, start=0):
             for i, op in enumerate(ops[start:]) if isinstance(op, ReLU)]
 
 
-def stop_bounds(ops, relax, pre, c, start=0):
+def stop_bounds(ops, relax, pre, c):
     """The exact bounds of ``c . y`` (y ops[-1]'s output) through ops[j + 1:]
     on the output box of each ReLU ops[j] below the first: where a dense
     layer's row found its neuron dead (_crown._Dead)."""
