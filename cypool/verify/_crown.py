@@ -102,7 +102,7 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         if isinstance(op, ReLU) and dead is not None:
-            if below_first and i in dead.boxes:
+            if below_first:
                 A, const = dead.stop(flat(A), const, i, nt)
                 K = const.size
                 if not K:
@@ -300,8 +300,7 @@ def bounds(net, lo, hi, *, charge=True):
         pre[i] = (l, u)
         boxes[i] = (np.maximum(l, 0), np.maximum(u, 0))
         relax[i] = tuple(v.reshape(op.in_shape) for v in relaxation(l, u))
-        lo_out = np.maximum(l, 0).reshape((1,) + op.in_shape)
-        hi_out = np.maximum(u, 0).reshape((1,) + op.in_shape)
+        lo_out, hi_out = (v.reshape((1,) + op.in_shape) for v in boxes[i])
         c, r = (lo_out + hi_out) / 2, (hi_out - lo_out) / 2
         if charge:
             r = r + np.finfo(dt).eps * np.abs(c) + np.finfo(dt).tiny
