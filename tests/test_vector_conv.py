@@ -529,3 +529,32 @@ def test_input_grad_leaves_out_zero_rows_exactly(rng, dt, stride, padding, dilat
     engine.vector_input_grad_into(skip, g, w, geom, 1, skip_zero_taps=True)
     np.testing.assert_array_equal(skip, every)
     assert np.isnan(skip).any()
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_input_grad_leaves_out_rows_by_chunk_and_image(rng, dt, monkeypatch):
+    """With E in chunks and several images, a row is left out only in the
+    chunks of the image where it is zero: rows zero in one chunk and not
+    the next, and an image whose zero rows differ from the other's."""
+    from cypool import _conv_engine as engine
+    from cypool import _geometry as geo
+
+    monkeypatch.setattr(engine, "_L2_BUDGET", 1)  # chunks of 48: three of E = 110
+    E = 110
+    x = np.zeros((2, 3, 8, 8, E), dt)
+    w = rng.standard_normal((5, 3, 4, 4)).astype(dt)
+    _, _, _, geom = geo.vector_conv_args(x, w, 2, 1, 1)
+    OH, OW = geom.out_hw
+    g = rng.standard_normal((2, 5, OH, OW, E)).astype(dt)
+    for n in range(2):
+        for lo, hi in ((0, 48), (48, 96), (96, E)):
+            g[n, rng.random((5, OH, OW)) < 0.4, lo:hi] = 0
+    assert engine._e_chunk(E, 2, 5 * OW, g.itemsize) == 48
+    every, skip = np.empty(x.shape, dt), np.empty(x.shape, dt)
+    want, _, _ = ref.vector_conv2d_backward(g.astype(np.float64), x, w.astype(np.float64),
+                                            (2, 2), (1, 1), (1, 1))
+    for nt in (1, 2):
+        engine.vector_input_grad_into(every, g, w, geom, nt)
+        engine.vector_input_grad_into(skip, g, w, geom, nt, skip_zero_taps=True)
+        np.testing.assert_allclose(skip, every, rtol=4 * np.finfo(dt).eps, atol=4 * np.finfo(dt).eps)
+        np.testing.assert_allclose(skip, want, **tol(dt))

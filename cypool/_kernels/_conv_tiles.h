@@ -17,6 +17,7 @@
 #ifndef CYPOOL_CONV_TILES_H
 #define CYPOOL_CONV_TILES_H
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #if defined(__AVX512F__)
@@ -302,6 +303,26 @@ static inline int cypool_vc_tile_rows_##SUF(int no, ptrdiff_t ntaps,            
     return 0; /* the edge tile takes it */                                           \
 }
 #endif
+
+/* Whether v[0:n] holds a value other than +0 or -0 (NaN counts): the first
+ * value decides most rows; the rest ORs the bit patterns and drops the
+ * sign bit, an integer reduction that vectorises (comparing the doubles
+ * to 0 cost a lane shuffle per vector). */
+#define CYPOOL_VC_NONZERO(T, U, SUF)                                                   \
+static inline int cypool_vc_nonzero_##SUF(const T *v, ptrdiff_t n)                  \
+{                                                                                    \
+    U r = 0;                                                                         \
+    if (n > 0 && v[0] != 0)                                                          \
+        return 1;                                                                    \
+    for (ptrdiff_t i = 0; i < n; i++) {                                              \
+        U b;                                                                         \
+        memcpy(&b, v + i, sizeof b);                                                 \
+        r |= b;                                                                      \
+    }                                                                                \
+    return (U)(r << 1) != 0;                                                         \
+}
+CYPOOL_VC_NONZERO(float, uint32_t, f32)
+CYPOOL_VC_NONZERO(double, uint64_t, f64)
 
 #define CYPOOL_VC_DEFINE(T, SUF, EB)                                                  \
 /* Any block up to no x ne (edges of O and E). */                                    \

@@ -27,6 +27,8 @@ cdef extern from "_conv_tiles.h" nogil:
                             const Py_ssize_t* tap, Py_ssize_t E, float* gw, Py_ssize_t ldgw)
     void cypool_vc_dots_f64(int no, const double* const* gs, int nt, const double* const* xs,
                             const Py_ssize_t* tap, Py_ssize_t E, double* gw, Py_ssize_t ldgw)
+    bint cypool_vc_nonzero_f32(const float* v, Py_ssize_t n)
+    bint cypool_vc_nonzero_f64(const double* v, Py_ssize_t n)
     int CYPOOL_VC_OB
     int CYPOOL_VC_TB
     int CYPOOL_VC_HALF_TAIL
@@ -97,14 +99,10 @@ cdef inline Py_ssize_t _forward_taps(const floating* xn, const ConvGeom* g, Py_s
 
 
 cdef inline bint _any_nonzero(const floating* v, Py_ssize_t n) noexcept nogil:
-    """Whether v[:n] has a value other than 0 (-0.0 is 0; NaN is not):
-    the first value alone for most, one vectorised pass for the rest."""
-    cdef Py_ssize_t i
-    cdef bint found = n > 0 and v[0] != 0
-    if not found:
-        for i in range(1, n):
-            found |= v[i] != 0
-    return found
+    """Whether v[:n] has a value other than 0 (-0.0 is 0; NaN is not)."""
+    if floating is float:
+        return cypool_vc_nonzero_f32(v, n)
+    return cypool_vc_nonzero_f64(v, n)
 
 
 cdef inline Py_ssize_t _nonzero_taps(Py_ssize_t ntaps, Py_ssize_t e_lo, Py_ssize_t e_hi,
@@ -284,15 +282,31 @@ def vector_conv2d_forward(const floating[:, :, :, :, ::1] x,    # IN  (N, C, H, 
         raise MemoryError("cypool.vector_conv2d: out of memory")
 
 
+cdef void _nonzero_rows(const floating[:, :, :, :, ::1] gout, Py_ssize_t e_chunk,
+                        unsigned char* nz) noexcept nogil:
+    """nz[k * R + r] = whether row r of gout (its R = N O OH OW rows of E)
+    has a nonzero in the k-th chunk of e_chunk components."""
+    cdef Py_ssize_t E = gout.shape[4], R = gout.shape[0] * gout.shape[1] * gout.shape[2] * gout.shape[3]
+    cdef Py_ssize_t r, k = 0, e_lo = 0
+    cdef const floating* v = &gout[0, 0, 0, 0, 0]
+    while e_lo < E:
+        for r in range(R):
+            nz[k * R + r] = _any_nonzero(v + r * E + e_lo, min(e_chunk, E - e_lo))
+        e_lo = e_lo + e_chunk
+        k = k + 1
+
+
 cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating[:, ::1] w2,
                             floating[:, :, :, :, ::1] gx, const ConvGeom* g, Py_ssize_t e_chunk,
-                            Py_ssize_t q0, Py_ssize_t q1, bint skip) noexcept nogil:
+                            Py_ssize_t q0, Py_ssize_t q1,
+                            const unsigned char* nz) noexcept nogil:
     """Input pixels [q0, q1) (pixel q is (n, ih, iw) in row-major order), E
     in chunks of e_chunk, with buffers of this thread's own; 1 when out of
-    memory. skip: leave out the taps whose gradient rows are zero in a
-    chunk."""
+    memory. nz: NULL, or _nonzero_rows of gout: the taps whose gradient
+    rows are zero in a chunk are left out."""
     cdef Py_ssize_t K = w2.shape[0], Cp = w2.shape[1], q, n, ih, iw, i, j, o, c, a, b, oh, ow
-    cdef Py_ssize_t ntaps, e_lo, e_hi
+    cdef Py_ssize_t ntaps, e_lo, e_hi, row
+    cdef const unsigned char* live = nz
     cdef const floating** xs = <const floating**>malloc(K * sizeof(void*))
     cdef floating** outs = <floating**>malloc(Cp * sizeof(void*))
     cdef Py_ssize_t* kidx = <Py_ssize_t*>malloc(K * sizeof(Py_ssize_t))
@@ -320,12 +334,12 @@ cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating
                         if b < 0 or b % g.sw != 0 or b // g.sw >= g.OW:
                             continue
                         ow = b // g.sw
+                        row = (n * g.O * g.OH + oh) * g.OW + ow  # of o = 0; o adds OH OW
                         for o in range(g.O):
                             xs[ntaps] = &gout[n, o, oh, ow, 0]
                             kidx[ntaps] = (i * g.kw + j) * g.O + o
-                            ntaps = ntaps + 1
-                if skip:
-                    ntaps = _nonzero_taps(ntaps, e_lo, e_hi, xs, kidx)
+                            # branch-free: which rows are zero follows no pattern
+                            ntaps = ntaps + (1 if live == NULL else live[row + o * g.OH * g.OW])
                 for c in range(g.C):
                     outs[c] = &gx[n, c, ih, iw, 0]
                 if ntaps == 0:
@@ -336,6 +350,8 @@ cdef int _input_grad_pixels(const floating[:, :, :, :, ::1] gout, const floating
                     _vc_pixel(ntaps, xs, wrows, Cp, e_lo, e_hi, g.C, outs,
                               <const floating*>NULL, pack, pp)
             e_lo = e_lo + e_chunk
+            if live != NULL:
+                live = live + g.N * g.O * g.OH * g.OW
     free(xs)
     free(outs)
     free(kidx)
@@ -359,16 +375,23 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
     cdef Py_ssize_t P
     cdef Py_ssize_t start, end, B
     cdef Team team
+    cdef unsigned char* nz = NULL
     cdef int[1] failed
     cdef int* fail = &failed[0]
     failed[0] = 0
     _conv_geom(&g, gx.shape[0], gx.shape[1], gx.shape[2], gx.shape[3], gx.shape[4],
                gout.shape[1], gout.shape[2], gout.shape[3], kh, kw, sh, sw, ph, pw, dh, dw)
     P = g.N * g.H * g.W
+    if skip:  # each row is read by up to kh kw input pixels: tested once here
+        nz = <unsigned char*>malloc(max(1, -(-g.E // e_chunk) * g.N * g.O * g.OH * g.OW))
+        if nz == NULL:
+            raise MemoryError("cypool.vector_conv2d_backward: out of memory")
+        with nogil:
+            _nonzero_rows(gout, e_chunk, nz)
     if num_threads == 1:
         _set_serial_team()
         with nogil:
-            failed[0] = _input_grad_pixels(gout, w2, gx, &g, e_chunk, 0, P, skip)
+            failed[0] = _input_grad_pixels(gout, w2, gx, &g, e_chunk, 0, P, nz)
     else:
         B = _claim_block(P, num_threads)
         _team_begin(&team)
@@ -377,10 +400,11 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
             end = -1
             start = _claim(&team, P, B, &end)
             while start < P:
-                if _input_grad_pixels(gout, w2, gx, &g, e_chunk, start, end, skip):
+                if _input_grad_pixels(gout, w2, gx, &g, e_chunk, start, end, nz):
                     fail[0] = 1
                 start = _claim(&team, P, B, &end)
         _team_end(&team)
+    free(nz)
     if failed[0]:
         raise MemoryError("cypool.vector_conv2d_backward: out of memory")
 
