@@ -175,3 +175,54 @@ def test_relu_on_live_columns_is_the_relu_step_then_those_columns(rng, dt, threa
     np.testing.assert_allclose(out, want_A[:, live], **TOL[dt])
     np.testing.assert_allclose(got, start + want_acc, **TOL[dt])
     assert np.isnan(got).sum() == np.isnan(A).any(axis=1).sum() >= 1
+
+
+def relaxation_ref(l, u):
+    """The ReLU's relaxation on [l, u] in numpy steps, in l's dtype."""
+    dt = l.dtype
+    active, unstable = l >= 0, (l < 0) & (u > 0)
+    a, s, t = active.astype(dt), active.astype(dt), np.zeros_like(l)
+    with np.errstate(all="ignore"):
+        lu, uu = l[unstable], u[unstable]
+        su = uu / (uu - lu)
+        tu = np.maximum(-su * lu, uu - su * uu)
+        tu = tu + 4 * np.finfo(dt).eps * (np.abs(su * lu) + uu) + np.finfo(dt).tiny
+    s[unstable], t[unstable] = su, tu
+    a[unstable] = (uu >= -lu).astype(dt)
+    return a, s, t
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 5, 8, 33, 1000])
+def test_relaxation_is_numpys_and_stays_above_the_relu(rng, dt, n):
+    """crown_relaxation against the numpy steps (the upper intercept within
+    the nudge: gcc may fuse u - s u into one rounding), with every case: active, dead, unstable
+    (wide, thin, u = -l, huge, tiny), 0 at either end, NaN and inf; and in
+    exact arithmetic, every unstable neuron's upper line is >= 0 at l and
+    >= u at u."""
+    from fractions import Fraction
+
+    from cypool.verify._crown import relaxation
+
+    scale = 10.0 ** rng.integers(-30, 30, n)
+    l = rng.standard_normal(n) * scale
+    u = l + rng.uniform(0, 3, n) * scale
+    cases = [(-1, 1), (0, 1), (-1, 0), (-0.0, 2), (-3, 1e-30), (-1e-30, 5), (1, 2), (-2, -1),
+             (np.nan, 1), (-1, np.nan), (-np.inf, 1), (-1, np.inf), (-1e30, 1e30)]
+    for k, (lk, uk) in enumerate(cases[:n]):
+        l[k], u[k] = lk, uk
+    l, u = l.astype(dt), u.astype(dt)
+    a, s, t = relaxation(l, u)
+    ra, rs, rt = relaxation_ref(l, u)
+    assert a.dtype == s.dtype == t.dtype == dt
+    np.testing.assert_array_equal(a, ra)
+    np.testing.assert_array_equal(s, rs)
+    np.testing.assert_array_equal(np.isnan(t), np.isnan(rt))
+    with np.errstate(all="ignore"):
+        nudge = 4 * np.finfo(dt).eps * (np.abs(s * l) + u) + np.finfo(dt).tiny
+    unstable = (l < 0) & (u > 0) & np.isfinite(rt)
+    assert (np.abs(t - rt)[unstable] <= nudge[unstable]).all()
+    np.testing.assert_array_equal(t[~unstable & np.isfinite(rt)], rt[~unstable & np.isfinite(rt)])
+    for k in np.flatnonzero((l < 0) & (u > 0) & np.isfinite(t)):
+        L, U, S, T = (Fraction(float(v)) for v in (l[k], u[k], s[k], t[k]))
+        assert S * L + T >= 0 and S * U + T >= U

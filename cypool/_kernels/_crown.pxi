@@ -456,3 +456,33 @@ def crown_signed_cols(const floating[:, ::1] M,     # IN (n, m)
                 tid = threadid()
                 _signed_cols_rows(&M[0, 0], m, &cols[0], k, &A[0, 0], _share_start(n, tid),
                                   _share_start(n, tid + 1))
+
+
+def crown_relaxation(const floating[::1] l,  # IN (n,): input bounds
+                     const floating[::1] u,
+                     floating[::1] a,        # OUT (n,): lower slopes
+                     floating[::1] s,        # OUT (n,): upper slopes
+                     floating[::1] t):       # OUT (n,): upper intercepts
+    """The ReLU's relaxation on [l, u] (cypool.verify._crown.relaxation),
+    in one pass: every value is computed and the case selects among them
+    (no load under a condition; see the spans above). Any NaN in the upper
+    intercept's two candidates is kept, as np.maximum keeps it."""
+    cdef Py_ssize_t i, n = l.shape[0]
+    cdef floating li, ui, su, t1, t2, tu
+    cdef floating eps4 = 4 * (FLT_EPSILON if floating is float else DBL_EPSILON)
+    cdef floating tiny = FLT_MIN if floating is float else DBL_MIN
+    cdef bint active, unstable
+    with nogil:
+        for i in range(n):
+            li = l[i]
+            ui = u[i]
+            active = li >= 0
+            unstable = (li < 0) & (ui > 0)
+            su = ui / (ui - li)
+            t1 = -su * li
+            t2 = ui - su * ui
+            tu = t1 if (t1 >= t2) | (t1 != t1) else t2
+            tu = tu + eps4 * (fabs(su * li) + ui) + tiny
+            a[i] = 1 if active | (unstable & (ui >= -li)) else 0
+            s[i] = 1 if active else (su if unstable else 0)
+            t[i] = tu if unstable else 0

@@ -47,20 +47,15 @@ def _gamma(n: int, dtype) -> float:
 
 
 def relaxation(l, u):
-    """(a, s, t) of the ReLU on [l, u] (see the module's docstring)."""
-    dt = l.dtype
-    active = l >= 0
-    unstable = (l < 0) & (u > 0)
-    a = active.astype(dt)
-    s = a.copy()
-    t = np.zeros_like(l)
-    lu, uu = l[unstable], u[unstable]
-    su = uu / (uu - lu)
-    # the line must be >= 0 at l and >= u at u, whatever the rounding of su
-    tu = np.maximum(-su * lu, uu - su * uu)
-    tu = tu + 4 * np.finfo(dt).eps * (np.abs(su * lu) + uu) + np.finfo(dt).tiny
-    s[unstable], t[unstable] = su, tu
-    a[unstable] = (uu >= -lu).astype(dt)
+    """(a, s, t) of the ReLU on [l, u] (see the module's docstring): the
+    upper line is nudged up by ``4 eps (|s l| + u)`` plus the smallest
+    normal, so that it is >= 0 at l and >= u at u whatever the rounding of
+    s. l and u: flat, of one dtype. In one compiled pass (the 15 numpy
+    steps took 40-76 us a call)."""
+    l = np.ascontiguousarray(l)
+    u = np.ascontiguousarray(u, l.dtype)
+    a, s, t = (np.empty_like(l) for _ in range(3))
+    kernel("crown_relaxation", l.dtype)(l, u, a, s, t)
     return a, s, t
 
 
