@@ -383,7 +383,7 @@ def vector_conv2d_input_grad(const floating[:, :, :, :, ::1] gout,  # IN  (N, O,
                gout.shape[1], gout.shape[2], gout.shape[3], kh, kw, sh, sw, ph, pw, dh, dw)
     P = g.N * g.H * g.W
     if skip:  # each row is read by up to kh kw input pixels: tested once here
-        nz = <unsigned char*>malloc(max(1, -(-g.E // e_chunk) * g.N * g.O * g.OH * g.OW))
+        nz = <unsigned char*>malloc(max(1, (g.E + e_chunk - 1) // e_chunk * g.N * g.O * g.OH * g.OW))
         if nz == NULL:
             raise MemoryError("cypool.vector_conv2d_backward: out of memory")
         with nogil:
