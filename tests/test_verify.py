@@ -613,10 +613,16 @@ def test_dense_rows_of_dead_neurons_stop_without_changing_a_relaxation(tmp_path,
     assert sum(stopped) > 0
 
 
-def test_kept_buffers_give_the_bounds_of_fresh_arrays(rng):
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_kept_buffers_give_the_bounds_of_fresh_arrays(rng, monkeypatch, layout):
     """Bounds computed into the net's kept buffers, box after box (rows of
-    different counts), equal those computed into fresh arrays."""
+    different counts), equal those computed into fresh arrays; one array is
+    kept per use, whatever the count of rows."""
+    from cypool.verify import _crown, _patches
     from cypool.verify._net import Conv, Dense, Reshape
+
+    monkeypatch.setattr(_crown, "COLUMNS_MIN_ROWS", 1 if layout == "columns" else 10 ** 9)
+    monkeypatch.setattr(_patches, "COLUMNS_MIN_PATCHES", 1 if layout == "columns" else 10 ** 9)
 
     c1 = Conv(rng.standard_normal((4, 2, 3, 3)), rng.standard_normal(4), (2, 9, 8), (2, 1), (1, 1, 1, 0), (1, 1))
     c2 = Conv(rng.standard_normal((3, 4, 3, 2)), rng.standard_normal(3), c1.out_shape, (1, 2), (1, 0, 1, 1), (1, 1))
@@ -639,6 +645,8 @@ def test_kept_buffers_give_the_bounds_of_fresh_arrays(rng):
             np.testing.assert_array_equal(got[0][i][1], want[0][i][1])
         np.testing.assert_array_equal(output_lower(kept, got[1], got[2], C, lo, hi),
                                       output_lower(fresh, want[1], want[2], C, lo, hi))
+    arrays = kept.buffers._local.arrays
+    assert len({(key, last, dt) for key, _, last, dt in arrays}) == len(arrays)
     # a net with buffers still pickles (for Dask or multiprocessing), without them
     again = pickle.loads(pickle.dumps(kept))
     assert not again.buffers._local.__dict__

@@ -68,9 +68,9 @@ def _transposed(conv, A, nt, buffers):
     shape = (K, wd.shape[1], (h - 1) * sh + kh, (w - 1) * sw + kw)
     out = kept(buffers, ("patches", id(conv)), shape, A.dtype)
     if K >= COLUMNS_MIN_PATCHES:
-        cols = kept(buffers, ("patch cols", id(conv)), (1,) + A.shape[1:] + (K,), A.dtype)
+        cols = kept(buffers, ("patch cols", id(conv)), (1,) + A.shape[1:] + (K,), A.dtype, True)
         np.copyto(cols[0], A.transpose(1, 2, 3, 0))
-        gx = kept(buffers, ("patch cols T", id(conv)), (1,) + shape[1:] + (K,), A.dtype)
+        gx = kept(buffers, ("patch cols T", id(conv)), (1,) + shape[1:] + (K,), A.dtype, True)
         engine.vector_input_grad_into(gx, cols, wd, geo.WindowGeometry(kh, kw, sh, sw, 0, 0, 1, 1,
                                                                        h, w), nt)
         np.copyto(out, gx[0].transpose(3, 0, 1, 2))
