@@ -33,6 +33,7 @@ from cypool._kernels_baseline import crown_box as crown_box
 from cypool._kernels_baseline import crown_relu_cols as crown_relu_cols
 from cypool._kernels_baseline import crown_box_cols as crown_box_cols
 from cypool._kernels_baseline import crown_signed_cols as crown_signed_cols
+from cypool._kernels_baseline import crown_relaxation as crown_relaxation
 from cypool._kernels_baseline import crown_relu_patches as crown_relu_patches
 from cypool._kernels_baseline import crown_affine_patches as crown_affine_patches
 from cypool._kernels_baseline import crown_box_patches as crown_box_patches
