@@ -9,7 +9,7 @@ import pytest
 
 import reference as ref
 from cypool import verify
-from cypool.verify import _crown, _patches
+from cypool.verify import _crown
 from cypool.verify._net import Conv, Dense, Elementwise, ReLU, Reshape
 
 
@@ -81,10 +81,8 @@ def conv_net(rng):
 @pytest.mark.parametrize("layout", ["rows", "columns"])
 def test_convolution_bounds_never_exceed_the_exact_bound(rng, monkeypatch, dt, layout):
     """The second convolution's neurons in patches; the dense layer's and
-    the output's as rows or as columns through both convolutions, and the
-    patches through the first likewise."""
+    the output's as rows or as columns through both convolutions."""
     monkeypatch.setattr(_crown, "COLUMNS_MIN_ROWS", 1 if layout == "columns" else 10 ** 9)
-    monkeypatch.setattr(_patches, "COLUMNS_MIN_PATCHES", 1 if layout == "columns" else 10 ** 9)
     calls, charges = [], []
     real_rows, real_charge = _crown._rows, _crown._Charge.of_rows
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _conv_engine as engine
-from .. import _geometry as geo
 from .._backend import kernel, threads_for
 from ._net import Conv, Elementwise, ReLU, kept, signed_rows
 
@@ -51,37 +50,6 @@ def _origin(conv, y, x):
     return y * conv.stride[0] - top, x * conv.stride[1] - left
 
 
-# Patches from which a convolution's transpose runs them as columns (E =
-# K): the vector convolution's input gradient, with the copies to and
-# from that layout, took 0.58 against 1.05 ms for 600 patches of 8 x 4 x 4
-# of oval21's first layer, and as long at 32.
-COLUMNS_MIN_PATCHES = 64
-
-
-def _transposed(conv, A, nt, buffers):
-    """The patches A (K, O, h, w) of conv's output through its transpose:
-    (K, C, Hn, Wn), the windows of its input, into a kept array."""
-    wd = np.ascontiguousarray(_dilated(conv))
-    K, _, h, w = A.shape
-    sh, sw = conv.stride
-    kh, kw = wd.shape[2:]
-    shape = (K, wd.shape[1], (h - 1) * sh + kh, (w - 1) * sw + kw)
-    out = kept(buffers, ("patches", id(conv)), shape, A.dtype)
-    if K >= COLUMNS_MIN_PATCHES:
-        cols = kept(buffers, ("patch cols", id(conv)), (1,) + A.shape[1:] + (K,), A.dtype, True)
-        np.copyto(cols[0], A.transpose(1, 2, 3, 0))
-        gx = kept(buffers, ("patch cols T", id(conv)), (1,) + shape[1:] + (K,), A.dtype, True)
-        engine.vector_input_grad_into(gx, cols, wd, geo.WindowGeometry(kh, kw, sh, sw, 0, 0, 1, 1,
-                                                                       h, w), nt)
-        np.copyto(out, gx[0].transpose(3, 0, 1, 2))
-    else:
-        # the engine's pass with a plan made here (14 us): conv2d_backward's
-        # checks took a fifth of it on oval21
-        plan = engine.plan(shape, wd.shape, conv.stride, (0, 0), (1, 1), A.dtype, winograd=False)
-        engine.input_grad_into(out, A, wd, plan, nt)
-    return out
-
-
 def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     """Lower bounds of ``y_r`` and of ``-y_r`` for the flat rows r of
     ops[-1]'s output, over the box [lo, hi] (flat), as computed (no
@@ -103,7 +71,7 @@ def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
     # coefficients that fall outside a layer (a convolution's padding)
     for j in range(len(ops) - 2, -1, -1):
         op = ops[j]
-        K = A.shape[0]
+        K, C, h, w = A.shape
         th = threads_for(nt, A.size, K)
         if isinstance(op, ReLU):
             kernel("crown_relu_patches", dt)(A, oy, ox, *relax[j], const, th)
@@ -112,7 +80,16 @@ def backsub_rows(ops, relax, rows, lo, hi, nt=0, buffers=None):
                                                np.ascontiguousarray(op.bias, dt), const, th)
         else:  # a convolution: its output window to its input window
             kernel("crown_affine_patches", dt)(A, oy, ox, None, op.bias, const, th)
-            A = _transposed(op, A, nt, buffers)
+            wd = _dilated(op)
+            sh, sw = op.stride
+            Hn, Wn = (h - 1) * sh + wd.shape[2], (w - 1) * sw + wd.shape[3]
+            shape = (K, wd.shape[1], Hn, Wn)
+            out = kept(buffers, ("patches", id(op)), shape, dt)
+            # the engine's pass with a plan made here (14 us): conv2d_backward's
+            # checks took a fifth of it on oval21
+            plan = engine.plan(shape, wd.shape, op.stride, (0, 0), (1, 1), dt, winograd=False)
+            engine.input_grad_into(out, A, np.ascontiguousarray(wd), plan, nt)
+            A = out
             oy, ox = _origin(op, oy, ox)
     shape = ops[0].in_shape
     kernel("crown_box_patches", dt)(A, oy, ox, np.ascontiguousarray(lo, dt).reshape(shape),
