@@ -226,3 +226,5 @@ def test_relaxation_is_numpys_and_stays_above_the_relu(rng, dt, n):
     for k in np.flatnonzero((l < 0) & (u > 0) & np.isfinite(t)):
         L, U, S, T = (Fraction(float(v)) for v in (l[k], u[k], s[k], t[k]))
         assert S * L + T >= 0 and S * U + T >= U
+    with pytest.raises(ValueError, match="l and u"):
+        relaxation(l, u[:-1])

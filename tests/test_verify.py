@@ -960,3 +960,20 @@ def test_attacks_stop_where_their_pace_cannot_reach_zero(tmp_path, rng, monkeypa
     assert verify.check(net, spec).status == "unknown"
     assert [reach for _, reach in calls] == ["last", "mean"]
     np.testing.assert_array_equal(calls[0][0], [(spec.lower + spec.upper) / 2])
+
+
+def test_products_of_few_rows_are_matmuls(rng):
+    """_net.product, row by row for 2 or 3 rows by a large matrix, gives
+    np.matmul's values (each row's sums are gemv's, gemm's up to rounding),
+    into out or a fresh array, for 1-D and 2-D left operands."""
+    from cypool.verify._net import FEW_ROWS_MIN_SIZE, product
+
+    B = rng.standard_normal((300, FEW_ROWS_MIN_SIZE // 300 + 1))
+    for n in range(1, 6):
+        A = rng.standard_normal((n, 300))
+        out = np.full((n, B.shape[1]), np.nan)
+        np.testing.assert_allclose(product(A, B), A @ B, rtol=1e-13, atol=1e-13)
+        assert product(A, B, out) is out
+        np.testing.assert_allclose(out, A @ B, rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(product(A.T[:2].copy(), B[:n]), A.T[:2] @ B[:n], rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(product(A[0], B), A[0] @ B, rtol=1e-13, atol=1e-13)

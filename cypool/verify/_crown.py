@@ -54,6 +54,8 @@ def relaxation(l, u):
     steps took 40-76 us a call)."""
     l = np.ascontiguousarray(l)
     u = np.ascontiguousarray(u, l.dtype)
+    if l.ndim != 1 or u.shape != l.shape:  # the kernel reads both to l's length
+        raise ValueError(f"l and u must be flat and of one length, not {l.shape} and {u.shape}")
     a, s, t = (np.empty_like(l) for _ in range(3))
     kernel("crown_relaxation", l.dtype)(l, u, a, s, t)
     return a, s, t

@@ -32,9 +32,9 @@ FEW_ROWS, FEW_ROWS_MIN_SIZE = 3, 32768
 
 
 def product(A, B, out=None):
-    """A @ B for 2-D A and B; row by row where A has 2 to FEW_ROWS rows
-    and B is large."""
-    if 1 < A.shape[0] <= FEW_ROWS and B.size >= FEW_ROWS_MIN_SIZE:
+    """A @ B; row by row where A is 2-D with 2 to FEW_ROWS rows and B is
+    large."""
+    if A.ndim == 2 and 1 < A.shape[0] <= FEW_ROWS and B.size >= FEW_ROWS_MIN_SIZE:
         if out is None:
             out = np.empty((A.shape[0], B.shape[1]), np.result_type(A, B))
         for k in range(A.shape[0]):
