@@ -582,8 +582,8 @@ def test_dense_rows_of_dead_neurons_stop_without_changing_a_relaxation(tmp_path,
     stopped = []
     real_stop = _crown._Dead.stop
 
-    def spy(self, Af, const, i, nt):
-        A, c = real_stop(self, Af, const, i, nt)
+    def spy(self, Af, const, i, nt, packed=None):
+        A, c = real_stop(self, Af, const, i, nt, packed)
         stopped.append(const.size - c.size)
         return A, c
     monkeypatch.setattr(_crown._Dead, "stop", spy)
@@ -595,7 +595,7 @@ def test_dense_rows_of_dead_neurons_stop_without_changing_a_relaxation(tmp_path,
         pre, relax, ch = bounds(net, lo, hi)
         lb = output_lower(net, relax, ch, C, lo, hi)
         with monkeypatch.context() as m:
-            m.setattr(_crown._Dead, "stop", lambda self, Af, const, i, nt: (Af, const))
+            m.setattr(_crown._Dead, "stop", lambda self, Af, const, *args: (Af, const))
             pre_all, relax_all, ch_all = bounds(net, lo, hi)
             lb_all = output_lower(net, relax_all, ch_all, C, lo, hi)
         for i in relax:
@@ -673,8 +673,10 @@ def test_dense_rows_give_the_one_hot_back_substitution(rng):
 @pytest.mark.parametrize("cols", [False, True])
 def test_dense_maps_under_dead_relus_sum_over_the_live_neurons(rng, monkeypatch, cols):
     """Back through a dense map whose outputs a ReLU above mostly kills, only
-    the live neurons are summed, and the bound is still the relaxation's
-    exact one (rational arithmetic): as rows and as columns."""
+    the live neurons are summed; as rows, between two ReLUs, only the
+    columns of the live neurons below are written; and the bound is still
+    the relaxation's exact one (rational arithmetic): as rows and as
+    columns."""
     from cypool.verify import _crown
     from cypool.verify._net import Dense
 
@@ -692,14 +694,18 @@ def test_dense_maps_under_dead_relus_sum_over_the_live_neurons(rng, monkeypatch,
         assert 4 <= (relax[i][1] == 0).sum() < n
     seen = []
     for name in ("T", "T_cols"):
-        def spy(self, A, buffers=None, live=None, _f=getattr(Dense, name)):
-            seen.append(None if live is None else list(live))
-            return _f(self, A, buffers=buffers, live=live)
+        def spy(self, A, buffers=None, live=None, _f=getattr(Dense, name), **kw):
+            seen.append(tuple(None if v is None else list(v) for v in (live, kw.get("live_in"))))
+            return _f(self, A, buffers=buffers, live=live, **kw)
         monkeypatch.setattr(Dense, name, spy)
     C = rng.standard_normal((4, 3))
     A = np.ascontiguousarray(C.T) if cols else C.copy()
     got = _crown._backsub(net.ops, relax, A, lo, hi, cols=cols)
-    assert seen == [None, list(np.flatnonzero(relax[3][1])), list(np.flatnonzero(relax[1][1]))]
+    live3, live1 = (list(np.flatnonzero(relax[i][1])) for i in (3, 1))
+    if cols:
+        assert seen == [(None, None), (live3, None), (live1, None)]
+    else:
+        assert seen == [(None, live3), (live3, live1), (live1, None)]
     layers = [("dense", d1.W, d1.bias), ("relu",), ("dense", d2.W, d2.bias), ("relu",), ("dense", d3.W, d3.bias)]
     rx = [relax[1], relax[3]]
     for k in range(4):

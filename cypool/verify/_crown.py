@@ -11,7 +11,9 @@ gradient), through a ReLU by the relaxation that bounds it in the right
 direction. Each ReLU's input bounds are computed first, the tighter of
 interval arithmetic and back-substitution, only for the neurons interval
 arithmetic leaves unstable; through dense layers, the rows of a neuron
-found dead on a lower ReLU's box stop there (_Dead).
+found dead on a lower ReLU's box stop there (_Dead), and a product
+between two ReLUs sums over the live neurons above and writes the
+columns of the live ones below only.
 
 Rounding: every bound is computed in the net's dtype with ordinary
 rounding, so each is widened by a charge (_Charge): ``gamma_n = n u / (1
@@ -95,16 +97,18 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
         return np.ascontiguousarray(A.reshape(-1, K) if cols else A.reshape(K, -1))
 
     live = {}  # for a Dense op: its outputs that the ReLU above left alive
+    packed = None  # the live neurons whose columns alone A has, written so by the Dense above
     below_first = False  # whether a ReLU was passed: the first one's box is the interval's
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
         if isinstance(op, ReLU) and dead is not None:
             if below_first:
-                A, const = dead.stop(flat(A), const, i, nt)
+                A, const = dead.stop(flat(A), const, i, nt, packed)
                 K = const.size
                 if not K:
                     return dead.result(const)
-                A = A.reshape((K,) + op.out_shape)
+                if packed is None:
+                    A = A.reshape((K,) + op.out_shape)
             below_first = True
         if isinstance(op, ReLU):
             # a negative coefficient takes the upper line (s, t), a positive
@@ -112,6 +116,10 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
             a, s, t = (v.reshape(-1) for v in relax[i])
             Af = flat(A)
             th = threads_for(nt, Af.size, K)
+            if packed is not None:
+                kernel("crown_relu", dt)(Af, a[packed], s[packed], t[packed], const, th)
+                A, live, packed = Af, {"live": packed}, None
+                continue
             # a dead neuron (s = 0) zeroes its coefficients: the dense map
             # below sums over the others only (on mnistfc, 1 in 10 of 256)
             alive = np.flatnonzero(s) if i and isinstance(ops[i - 1], Dense) else s
@@ -131,7 +139,14 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
             if op.bias is not None:
                 b = op.bias.reshape(-1)
                 const += A.reshape(K, -1) @ (b[live["live"]] if live else b)
-            A = op.T(A, buffers=buffers, **live)
+            if isinstance(op, Dense) and i > 1 and isinstance(ops[i - 1], ReLU) \
+                    and isinstance(ops[i - 2], Dense):
+                # the ReLU below zeroes its dead neurons' coefficients: the
+                # product writes the live ones' columns only
+                packed = np.flatnonzero(relax[i - 1][1])
+                A = op.T(A, buffers=buffers, live_in=packed, **live)
+            else:
+                A = op.T(A, buffers=buffers, **live)
             live = {}
     Af = flat(A)
     kernel("crown_box_cols" if cols else "crown_box", dt)(Af, lo, hi, const,
@@ -157,12 +172,14 @@ class _Dead:
         self.going = np.arange(m)
         self.out = np.full(2 * m, -np.inf, margin.dtype)
 
-    def stop(self, Af, const, i, nt):
+    def stop(self, Af, const, i, nt, packed=None):
         """Af (2k, n) and const (2k,) without the rows of the neurons dead
-        on ReLU i's output box."""
+        on ReLU i's output box; packed: the neurons whose columns alone Af
+        has (the others' box is 0), or None."""
         k = const.size // 2
         v = const[k:].copy()
-        kernel("crown_box", Af.dtype)(Af[k:], *self.boxes[i], v, threads_for(nt, Af[k:].size, k))
+        lo, hi = self.boxes[i] if packed is None else (b[packed] for b in self.boxes[i])
+        kernel("crown_box", Af.dtype)(Af[k:], lo, hi, v, threads_for(nt, Af[k:].size, k))
         dead = v > self.margin[self.going]
         if not dead.any():
             return Af, const

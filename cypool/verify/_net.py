@@ -50,7 +50,7 @@ class Dense:
         self.W, self.bias = W, b
         self.in_shape, self.out_shape = (W.shape[1],), (W.shape[0],)
         self._absW = self._WT = None
-        self._live = (None, None)
+        self._live = self._block = (None, None)
 
     def apply(self, X):
         out = product(X, self.W.T)
@@ -68,12 +68,19 @@ class Dense:
             self._WT = np.ascontiguousarray(self.W.T)
         return self._WT
 
-    def T(self, A, buffers=None, live=None):
+    def T(self, A, buffers=None, live=None, live_in=None):
         """A @ W; live: the outputs the ReLU above left alive (the others'
         coefficients are 0), A's columns then being theirs only (as
-        crown_relu_live writes them)."""
-        out = kept(buffers, ("T", id(self)), (A.shape[0], self.W.shape[1]), A.dtype)
-        W = self.W if live is None else self._live_rows(live)
+        crown_relu_live writes them); live_in: the inputs the ReLU below
+        leaves alive, the only columns written (the others' coefficients
+        it would zero)."""
+        if live_in is None:
+            out = kept(buffers, ("T", id(self)), (A.shape[0], self.W.shape[1]), A.dtype)
+            W = self.W if live is None else self._live_rows(live)
+        else:
+            out = kept(buffers, ("Tlive", id(self)), (A.shape[0] * live_in.size,),
+                       A.dtype).reshape(A.shape[0], live_in.size)
+            W = self._live_block(live, live_in)
         return product(A, W, out)
 
     def _live_rows(self, live):
@@ -85,6 +92,15 @@ class Dense:
             rows = np.take(self.W, live, axis=0)
             self._live = (live, rows)
         return rows
+
+    def _live_block(self, live, live_in):
+        """W's block of rows live (None: all) and columns live_in, kept
+        like _live_rows's."""
+        keys, block = self._block
+        if keys is None or not (_same(keys[0], live) and np.array_equal(keys[1], live_in)):
+            block = np.take(self.W if live is None else np.take(self.W, live, axis=0), live_in, axis=1)
+            self._block = ((live, live_in), block)
+        return block
 
     def T_cols(self, A, buffers=None, live=None):
         """T with the rows as A's last axis: W.T @ A; live as in T, but A
@@ -295,6 +311,11 @@ class Buffers:
         return a[:n].reshape(shape)
 
 
+def _same(a, b):
+    """Whether a and b are both None or equal arrays."""
+    return a is b or (a is not None and b is not None and np.array_equal(a, b))
+
+
 def kept(buffers, key, shape, dtype, last=False):
     """buffers.get(key, shape, dtype, last); a fresh array where buffers is
     None."""
@@ -421,7 +442,7 @@ class Net:
                 if hasattr(op, k):
                     setattr(op, k, None)
             if hasattr(op, "_live"):
-                op._live = (None, None)
+                op._live = op._block = (None, None)
             ops.append(op)
         net = Net(ops, self.input_shape, dtype)
         net.num_threads = self.num_threads
