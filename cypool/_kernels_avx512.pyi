@@ -32,6 +32,8 @@ from cypool._kernels_baseline import crown_relu_live as crown_relu_live
 from cypool._kernels_baseline import crown_box as crown_box
 from cypool._kernels_baseline import crown_relu_cols as crown_relu_cols
 from cypool._kernels_baseline import crown_box_cols as crown_box_cols
+from cypool._kernels_baseline import crown_rows_single as crown_rows_single
+from cypool._kernels_baseline import crown_box_single as crown_box_single
 from cypool._kernels_baseline import crown_signed_cols as crown_signed_cols
 from cypool._kernels_baseline import crown_relaxation as crown_relaxation
 from cypool._kernels_baseline import crown_relu_patches as crown_relu_patches

@@ -273,6 +273,64 @@ def test_bounds_never_exceed_the_exact_bound_of_their_relaxation(tmp_path, rng, 
         assert (l2 >= lb2[:6] - tol)[unstable].all() and (u2 <= -lb2[6:] + tol)[unstable].all()
 
 
+def test_the_float32_product_into_the_input_is_charged_for_its_rounding(tmp_path, rng, monkeypatch):
+    """Many rows through a float64 net's first dense map run as a float32
+    product (_crown._box_f32), charged for its rounding: the bounds never
+    exceed the exact bound of their relaxation (rational arithmetic), and
+    stay within float32's rounding of it."""
+    from cypool.verify import _crown
+    ran = []
+    real = _crown._box_f32
+
+    def spy(*args):
+        out = real(*args)
+        ran.append(out is not None)
+        return out
+    monkeypatch.setattr(_crown, "_box_f32", spy)
+    for trial in range(3):
+        net = verify.load_onnx(random_dense_net(tmp_path, rng, (30, 40, 24, 5)), dtype=np.float64)
+        layers, relus = [], []
+        for i, op in enumerate(net.ops):
+            if isinstance(op, ReLU):
+                layers.append(("relu",))
+                relus.append(i)
+            else:
+                layers.append(("dense", op.W, op.bias))
+        centre = 20 * rng.standard_normal(30)  # large values: float32's rounding shows
+        lo, hi = centre - 1, centre + 1
+        pre, relax, charge = bounds(net, lo, hi)
+        head = verify.Net(net.ops[:relus[1]], net.input_shape, np.float64)
+        _, _, head_charge = bounds(head, lo, hi)
+        E = np.concatenate([np.eye(24), -np.eye(24)])
+        ran.clear()
+        lb = output_lower(head, {relus[0]: relax[relus[0]]}, head_charge, E, lo, hi)
+        assert ran == [True]
+        rx = [tuple(np.asarray(v).reshape(-1) for v in relax[relus[0]])]
+        want = np.array([float(ref.backsub_exact(layers[:3], rx, E[j], lo, hi)) for j in range(48)])
+        assert (lb <= want).all()
+        assert (lb >= want - 1e-3 * (1 + np.abs(want))).all()
+
+
+def test_the_float32_product_falls_back_to_float64_past_its_range(rng, monkeypatch):
+    """Rows too large for float32 go through the first dense map in
+    float64, with the float64 product's bounds."""
+    from cypool.verify import _crown
+    from cypool.verify._net import Dense
+    d1 = Dense(rng.standard_normal((20, 6)), rng.standard_normal(20))
+    d2 = Dense(rng.standard_normal((4, 20)), rng.standard_normal(4))
+    net = verify.Net([d1, ReLU((20,)), d2], (6,), np.float64)
+    lo = rng.standard_normal(6)
+    hi = lo + 1
+    _, relax, _ = _crown.bounds(net, lo, hi, charge=False)
+    C = rng.standard_normal((32, 4))
+    C[3] *= 1e300  # past float32's range
+    got = _crown._backsub(net.ops, relax, C.copy(), lo, hi)
+    monkeypatch.setattr(_crown, "F32_MIN_ROWS", 10 ** 9)
+    want = _crown._backsub(net.ops, relax, C.copy(), lo, hi)
+    np.testing.assert_array_equal(got, want)
+    assert np.isfinite(got).all()
+
+
 # --- check: verdicts ------------------------------------------------------------------
 
 def robustness_spec(lo, hi, label, K):

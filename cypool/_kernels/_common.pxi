@@ -7,7 +7,7 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memset, memcpy
 from libc.math cimport INFINITY, fabs
-from libc.float cimport FLT_EPSILON, DBL_EPSILON, FLT_MIN, DBL_MIN
+from libc.float cimport FLT_EPSILON, DBL_EPSILON, FLT_MIN, FLT_MAX, DBL_MIN
 from libc.stdint cimport INT32_MIN, INT64_MIN, INT32_MAX, INT64_MAX
 from libc.stdlib cimport malloc, calloc, free
 from cython.parallel cimport prange, parallel, threadid

@@ -316,6 +316,91 @@ def crown_box(floating[:, ::1] A,        # IN (K, n): coefficient rows
         _run_step(&g, &dummy, num_threads)
 
 
+cdef void _single_rows(const double* A, const double* v, float* out, double* mag, Py_ssize_t m,
+                       Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+    """Rows [start, end) of crown_rows_single: a value past float32's range
+    becomes an infinity of its sign (a plain cast of it is undefined)."""
+    cdef Py_ssize_t k, i
+    cdef double tot, x
+    for k in range(start, end):
+        tot = 0
+        for i in range(m):
+            x = A[k * m + i]
+            out[k * m + i] = <float>(x if fabs(x) <= FLT_MAX else x * INFINITY)
+            tot += fabs(x) * v[i]
+        mag[k] = tot
+
+
+def crown_rows_single(const double[:, ::1] A,    # IN (K, m): coefficient rows
+                      const double[::1] v,       # IN (m,): |W| X of the map they go through
+                      float[:, ::1] out,         # OUT (K, m): A rounded to float32
+                      double[::1] mag,           # OUT (K,): |A| @ v
+                      int num_threads):
+    """The rows in float32 for a float32 product, and the magnitudes its
+    rounding charge is made of."""
+    cdef Py_ssize_t K = A.shape[0], m = A.shape[1]
+    cdef int tid
+    if K == 0 or m == 0:
+        return
+    with nogil:
+        if num_threads == 1:
+            _set_serial_team()
+            _single_rows(&A[0, 0], &v[0], &out[0, 0], &mag[0], m, 0, K)
+        else:
+            with parallel(num_threads=num_threads):
+                _note_team()
+                tid = threadid()
+                _single_rows(&A[0, 0], &v[0], &out[0, 0], &mag[0], m,
+                             _share_start(K, tid), _share_start(K, tid + 1))
+
+
+cdef void _box_single_rows(const float* A, const double* lo, const double* hi, double* acc,
+                           Py_ssize_t n, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+    """Rows [start, end) of crown_box_single: _box_span's sum, each float32
+    coefficient taken exactly into float64."""
+    cdef double sums[ZLANES]
+    cdef double v, neg
+    cdef Py_ssize_t k, j, l, nv = n - n % ZLANES
+    cdef const float* p
+    for k in range(start, end):
+        p = A + k * n
+        for l in range(ZLANES):
+            sums[l] = 0
+        for j in range(0, nv, ZLANES):
+            for l in range(ZLANES):
+                v = p[j + l]
+                neg = v if not v >= 0 else 0
+                sums[l] += (v - neg) * lo[j + l] + neg * hi[j + l]
+        for j in range(nv, n):
+            v = p[j]
+            neg = v if not v >= 0 else 0
+            sums[0] += (v - neg) * lo[j] + neg * hi[j]
+        for l in range(ZLANES):
+            acc[k] += sums[l]
+
+
+def crown_box_single(const float[:, ::1] A,      # IN (K, n): coefficient rows, float32
+                     const double[::1] lo,       # IN (n,): the box
+                     const double[::1] hi,
+                     double[::1] acc,            # INOUT (K,): += the least of A x on the box
+                     int num_threads):
+    """crown_box of float32 rows, summed in float64."""
+    cdef Py_ssize_t K = A.shape[0], n = A.shape[1]
+    cdef int tid
+    if K == 0 or n == 0:
+        return
+    with nogil:
+        if num_threads == 1:
+            _set_serial_team()
+            _box_single_rows(&A[0, 0], &lo[0], &hi[0], &acc[0], n, 0, K)
+        else:
+            with parallel(num_threads=num_threads):
+                _note_team()
+                tid = threadid()
+                _box_single_rows(&A[0, 0], &lo[0], &hi[0], &acc[0], n,
+                                 _share_start(K, tid), _share_start(K, tid + 1))
+
+
 def crown_relu_patches(floating[:, :, :, ::1] A,     # INOUT (K, C, h, w)
                        const int64_t[::1] oy,        # IN (K,): window origins
                        const int64_t[::1] ox,

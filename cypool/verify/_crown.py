@@ -42,6 +42,10 @@ __all__ = ["bounds", "output_lower", "as_columns"]
 # empty (on oval21's layers it overtook the batched one at 18-40 rows).
 COLUMNS_MIN_ROWS = 32
 
+# Rows from which the product into the input, through a dense map, runs in
+# float32 with its rounding charged (_box_f32), for a float64 net.
+F32_MIN_ROWS = 16
+
 
 def _gamma(n: int, dtype) -> float:
     u = np.finfo(dtype).eps / 2
@@ -139,6 +143,11 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
             if op.bias is not None:
                 b = op.bias.reshape(-1)
                 const += A.reshape(K, -1) @ (b[live["live"]] if live else b)
+            if i == 0 and isinstance(op, Dense) and not inputs and dt == np.float64 \
+                    and K >= F32_MIN_ROWS:
+                lb = _box_f32(op, flat(A), live.get("live"), lo, hi, const, buffers, nt)
+                if lb is not None:
+                    return lb if dead is None else dead.result(lb)
             if isinstance(op, Dense) and i > 1 and isinstance(ops[i - 1], ReLU) \
                     and isinstance(ops[i - 2], Dense):
                 # the ReLU below zeroes its dead neurons' coefficients: the
@@ -154,6 +163,32 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
     if inputs:
         return const, (Af.T if cols else Af)
     return const if dead is None else dead.result(const)
+
+
+def _box_f32(op, A, live, lo, hi, const, buffers, nt):
+    """const plus the least over the box [lo, hi] of the rows A (K, m)
+    through the dense map op (its rows live, or all), the product in
+    float32. Its rounding is charged: A and W rounded to float32, then
+    summed over m, ``|A32 W32 - A W| <= gamma_{m+3} |A| |W|`` (float32's
+    gamma; 1% more for the float64 sums and second-order terms, and
+    float32's underflow as 2^-149 a term), so the bound moves by at most
+    that times ``|A| |W| X``, X = max(|lo|, |hi|); the sum over the box
+    runs in float64. None where a value is not finite (the caller goes on
+    in float64)."""
+    K, m = A.shape
+    n = op.W.shape[1]
+    X = np.maximum(np.abs(lo), np.abs(hi))
+    W32, v = op.single(live, X)
+    A32 = kept(buffers, ("A32", id(op)), (K * m,), np.float32).reshape(K, m)
+    mag = np.empty(K)
+    kernel("crown_rows_single")(A, v, A32, mag, threads_for(nt, A.size, K))
+    C = kept(buffers, ("C32", id(op)), (K * n,), np.float32).reshape(K, n)
+    with np.errstate(over="ignore", invalid="ignore"):  # rows past float32's range: None
+        np.matmul(A32, W32, out=C)
+    out = const.copy()
+    kernel("crown_box_single")(C, lo, hi, out, threads_for(nt, C.size, K))
+    out -= 1.01 * _gamma(m + 3, np.float32) * mag + np.ldexp(1.0, -149) * (v.sum() + m * X.sum())
+    return out if np.isfinite(out).all() else None
 
 
 class _Dead:

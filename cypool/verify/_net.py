@@ -51,6 +51,7 @@ class Dense:
         self.in_shape, self.out_shape = (W.shape[1],), (W.shape[0],)
         self._absW = self._WT = None
         self._live = self._block = (None, None)
+        self._single = (None, None, None, None)
 
     def apply(self, X):
         out = product(X, self.W.T)
@@ -101,6 +102,18 @@ class Dense:
             block = np.take(self.W if live is None else np.take(self.W, live, axis=0), live_in, axis=1)
             self._block = ((live, live_in), block)
         return block
+
+    def single(self, live, X):
+        """(W32, v): W's rows live (None: all) rounded to float32, and
+        ``|W| X`` of those rows, for a float32 product into a box of
+        magnitude X; kept for the next call with the same live and X."""
+        key_live, key_X, W32, v = self._single
+        if key_X is None or not (_same(key_live, live) and np.array_equal(key_X, X)):
+            W = self.W if live is None else self._live_rows(live)
+            v = self.absW() @ X
+            W32, v = W.astype(np.float32), (v if live is None else v[live])
+            self._single = (live, X.copy(), W32, v)
+        return W32, v
 
     def T_cols(self, A, buffers=None, live=None):
         """T with the rows as A's last axis: W.T @ A; live as in T, but A
@@ -443,6 +456,7 @@ class Net:
                     setattr(op, k, None)
             if hasattr(op, "_live"):
                 op._live = op._block = (None, None)
+                op._single = (None, None, None, None)
             ops.append(op)
         net = Net(ops, self.input_shape, dtype)
         net.num_threads = self.num_threads
