@@ -319,16 +319,28 @@ def crown_box(floating[:, ::1] A,        # IN (K, n): coefficient rows
 cdef void _single_rows(const double* A, const double* v, float* out, double* mag, Py_ssize_t m,
                        Py_ssize_t start, Py_ssize_t end) noexcept nogil:
     """Rows [start, end) of crown_rows_single: a value past float32's range
-    becomes an infinity of its sign (a plain cast of it is undefined)."""
-    cdef Py_ssize_t k, i
-    cdef double tot, x
+    becomes an infinity of its sign (a plain cast of it is undefined). The
+    sum runs in ZLANES lanes, a loop of its own: the select stops gcc's
+    vectoriser."""
+    cdef double sums[ZLANES]
+    cdef Py_ssize_t k, i, l, mv = m - m % ZLANES
+    cdef const double* p
+    cdef double x
     for k in range(start, end):
-        tot = 0
+        p = A + k * m
+        for l in range(ZLANES):
+            sums[l] = 0
+        for i in range(0, mv, ZLANES):
+            for l in range(ZLANES):
+                sums[l] += fabs(p[i + l]) * v[i + l]
+        for i in range(mv, m):
+            sums[0] += fabs(p[i]) * v[i]
+        mag[k] = 0
+        for l in range(ZLANES):
+            mag[k] += sums[l]
         for i in range(m):
-            x = A[k * m + i]
+            x = p[i]
             out[k * m + i] = <float>(x if fabs(x) <= FLT_MAX else x * INFINITY)
-            tot += fabs(x) * v[i]
-        mag[k] = tot
 
 
 def crown_rows_single(const double[:, ::1] A,    # IN (K, m): coefficient rows
@@ -357,9 +369,11 @@ def crown_rows_single(const double[:, ::1] A,    # IN (K, m): coefficient rows
 cdef void _box_single_rows(const float* A, const double* lo, const double* hi, double* acc,
                            Py_ssize_t n, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
     """Rows [start, end) of crown_box_single: _box_span's sum, each float32
-    coefficient taken exactly into float64."""
+    coefficient v taken exactly into float64, its parts max(v, 0) and
+    min(v, 0) as (v + |v|) / 2 and (v - |v|) / 2 (exact for float32's
+    range; a select there stops gcc's vectoriser)."""
     cdef double sums[ZLANES]
-    cdef double v, neg
+    cdef double v, a
     cdef Py_ssize_t k, j, l, nv = n - n % ZLANES
     cdef const float* p
     for k in range(start, end):
@@ -369,12 +383,12 @@ cdef void _box_single_rows(const float* A, const double* lo, const double* hi, d
         for j in range(0, nv, ZLANES):
             for l in range(ZLANES):
                 v = p[j + l]
-                neg = v if not v >= 0 else 0
-                sums[l] += (v - neg) * lo[j + l] + neg * hi[j + l]
+                a = fabs(v)
+                sums[l] += ((v + a) * 0.5) * lo[j + l] + ((v - a) * 0.5) * hi[j + l]
         for j in range(nv, n):
             v = p[j]
-            neg = v if not v >= 0 else 0
-            sums[0] += (v - neg) * lo[j] + neg * hi[j]
+            a = fabs(v)
+            sums[0] += ((v + a) * 0.5) * lo[j] + ((v - a) * 0.5) * hi[j]
         for l in range(ZLANES):
             acc[k] += sums[l]
 

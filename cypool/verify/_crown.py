@@ -83,8 +83,18 @@ def step_threads(net) -> int:
     return 1
 
 
+def _live_below(ops, relax, i):
+    """The live neurons of the ReLU ops[i - 1] where it lies between the
+    dense maps ops[i - 2] and ops[i], else None: the only columns that
+    rows through ops[i] need (Dense.T's live_in)."""
+    if i > 1 and isinstance(ops[i], Dense) and isinstance(ops[i - 1], ReLU) \
+            and isinstance(ops[i - 2], Dense):
+        return np.flatnonzero(relax[i - 1][1])
+    return None
+
+
 def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, inputs=False,
-             dead=None):
+             dead=None, packed=None):
     """Lower bounds of the rows of A (K, *shape of ops[-1]'s output; cols:
     the rows as the last axis, (*shape, K)), plus const, over the box [lo,
     hi] (flat, contiguous), as computed (no rounding charge). A and const
@@ -92,7 +102,8 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
     net's dtype. nt: threads (0: OpenMP's default); buffers: the net's
     Buffers for the transposed maps, or None. inputs: also return the
     rows' coefficients on the input, (K, n), a view of A or of a buffer.
-    dead: see _Dead (rows only, not with inputs)."""
+    dead: see _Dead (rows only, not with inputs). packed: A (rows) has only
+    the columns of these neurons of ops[-1]'s output, a ReLU's live ones."""
     K = A.shape[-1] if cols else A.shape[0]
     dt = A.dtype
     const = np.zeros(K, dt) if const is None else const
@@ -101,7 +112,6 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
         return np.ascontiguousarray(A.reshape(-1, K) if cols else A.reshape(K, -1))
 
     live = {}  # for a Dense op: its outputs that the ReLU above left alive
-    packed = None  # the live neurons whose columns alone A has, written so by the Dense above
     below_first = False  # whether a ReLU was passed: the first one's box is the interval's
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
@@ -148,14 +158,12 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
                 lb = _box_f32(op, flat(A), live.get("live"), lo, hi, const, buffers, nt)
                 if lb is not None:
                     return lb if dead is None else dead.result(lb)
-            if isinstance(op, Dense) and i > 1 and isinstance(ops[i - 1], ReLU) \
-                    and isinstance(ops[i - 2], Dense):
-                # the ReLU below zeroes its dead neurons' coefficients: the
-                # product writes the live ones' columns only
-                packed = np.flatnonzero(relax[i - 1][1])
-                A = op.T(A, buffers=buffers, live_in=packed, **live)
-            else:
-                A = op.T(A, buffers=buffers, **live)
+            # the ReLU below zeroes its dead neurons' coefficients: where it
+            # lies between two dense maps, the product writes the others only
+            packed = _live_below(ops, relax, i)
+            if packed is not None:
+                live["live_in"] = packed
+            A = op.T(A, buffers=buffers, **live)
             live = {}
     Af = flat(A)
     kernel("crown_box_cols" if cols else "crown_box", dt)(Af, lo, hi, const,
@@ -178,7 +186,7 @@ def _box_f32(op, A, live, lo, hi, const, buffers, nt):
     K, m = A.shape
     n = op.W.shape[1]
     X = np.maximum(np.abs(lo), np.abs(hi))
-    W32, v = op.single(live, X)
+    W32, v, tiny = op.single(live, X)
     A32 = kept(buffers, ("A32", id(op)), (K * m,), np.float32).reshape(K, m)
     mag = np.empty(K)
     kernel("crown_rows_single")(A, v, A32, mag, threads_for(nt, A.size, K))
@@ -187,7 +195,9 @@ def _box_f32(op, A, live, lo, hi, const, buffers, nt):
         np.matmul(A32, W32, out=C)
     out = const.copy()
     kernel("crown_box_single")(C, lo, hi, out, threads_for(nt, C.size, K))
-    out -= 1.01 * _gamma(m + 3, np.float32) * mag + np.ldexp(1.0, -149) * (v.sum() + m * X.sum())
+    mag *= 1.01 * _gamma(m + 3, np.float32)
+    mag += tiny
+    out -= mag
     return out if np.isfinite(out).all() else None
 
 
@@ -282,11 +292,12 @@ def _rows(ops, relax, rows, lo, hi, nt=0, buffers=None, boxes=None, margin=None)
         if cols:
             A = signed_cols(last.WT(), rows, buffers, ("cols", id(last)), nt)
         else:
-            A = signed_rows(last.W, rows, buffers, ("rows", id(last)))
+            packed = _live_below(ops, relax, len(ops) - 1)
+            A = signed_rows(last.W, rows, buffers, ("rows", id(last)), packed)
         b = last.bias[rows]
         dead = None if cols or boxes is None else _Dead(boxes, margin)
         lb = _backsub(ops[:-1], relax, A, lo, hi, np.concatenate([b, -b]), nt, buffers, cols,
-                      dead=dead)
+                      dead=dead, packed=None if cols else packed)
     else:
         n = int(np.prod(last.out_shape))
         A = np.zeros((2 * rows.size, n), lo.dtype)

@@ -51,7 +51,7 @@ class Dense:
         self.in_shape, self.out_shape = (W.shape[1],), (W.shape[0],)
         self._absW = self._WT = None
         self._live = self._block = (None, None)
-        self._single = (None, None, None, None)
+        self._single = (None, None)
 
     def apply(self, X):
         out = product(X, self.W.T)
@@ -104,16 +104,18 @@ class Dense:
         return block
 
     def single(self, live, X):
-        """(W32, v): W's rows live (None: all) rounded to float32, and
-        ``|W| X`` of those rows, for a float32 product into a box of
+        """(W32, v, tiny): W's rows live (None: all) rounded to float32,
+        ``|W| X`` of those rows, and ``2^-149 (sum(v) + len(v) sum(X))``
+        (float32's underflow), for a float32 product into a box of
         magnitude X; kept for the next call with the same live and X."""
-        key_live, key_X, W32, v = self._single
+        key_live, key_X, *kept_ = self._single
         if key_X is None or not (_same(key_live, live) and np.array_equal(key_X, X)):
             W = self.W if live is None else self._live_rows(live)
             v = self.absW() @ X
-            W32, v = W.astype(np.float32), (v if live is None else v[live])
-            self._single = (live, X.copy(), W32, v)
-        return W32, v
+            v = v if live is None else v[live]
+            kept_ = [W.astype(np.float32), v, np.ldexp(1.0, -149) * (v.sum() + v.size * X.sum())]
+            self._single = (live, X.copy(), *kept_)
+        return kept_
 
     def T_cols(self, A, buffers=None, live=None):
         """T with the rows as A's last axis: W.T @ A; live as in T, but A
@@ -335,12 +337,17 @@ def kept(buffers, key, shape, dtype, last=False):
     return np.empty(shape, dtype) if buffers is None else buffers.get(key, shape, dtype, last)
 
 
-def signed_rows(M, rows, buffers, key):
+def signed_rows(M, rows, buffers, key, cols=None):
     """M's rows (along axis 0), then their negatives: the coefficients of
-    ``y_r`` and ``-y_r``, into kept(buffers, key, ...)."""
+    ``y_r`` and ``-y_r``, into kept(buffers, key, ...); cols: of a 2-D M,
+    only these columns."""
     n = len(rows)
-    A = kept(buffers, key, (2 * n,) + M.shape[1:], M.dtype)
-    np.take(M, rows, axis=0, out=A[:n])
+    if cols is None:
+        A = kept(buffers, key, (2 * n,) + M.shape[1:], M.dtype)
+        np.take(M, rows, axis=0, out=A[:n])
+    else:  # one kept array whatever the count of columns
+        A = kept(buffers, key + ("cols",), (2 * n * cols.size,), M.dtype).reshape(2 * n, cols.size)
+        A[:n] = M[np.ix_(rows, cols)]
     np.negative(A[:n], out=A[n:])
     return A
 
@@ -456,7 +463,7 @@ class Net:
                     setattr(op, k, None)
             if hasattr(op, "_live"):
                 op._live = op._block = (None, None)
-                op._single = (None, None, None, None)
+                op._single = (None, None)
             ops.append(op)
         net = Net(ops, self.input_shape, dtype)
         net.num_threads = self.num_threads
