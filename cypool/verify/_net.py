@@ -347,7 +347,7 @@ def signed_rows(M, rows, buffers, key, cols=None):
         np.take(M, rows, axis=0, out=A[:n])
     else:  # one kept array whatever the count of columns
         A = kept(buffers, key + ("cols",), (2 * n * cols.size,), M.dtype).reshape(2 * n, cols.size)
-        A[:n] = M[np.ix_(rows, cols)]
+        np.take(np.take(M, rows, axis=0), cols, axis=1, out=A[:n])  # (M[np.ix_]: twice as long)
     np.negative(A[:n], out=A[n:])
     return A
 
