@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import _checks as chk
 from .._backend import kernel, threads_for
-from ._net import Conv, Dense, Reshape, ReLU, kept, signed_cols, signed_rows
+from ._net import Conv, Dense, Reshape, ReLU, _gamma, kept, signed_cols, signed_rows
 from ._patches import backsub_rows, patchable
 
 __all__ = ["bounds", "output_lower", "as_columns"]
@@ -45,11 +45,6 @@ COLUMNS_MIN_ROWS = 32
 # Rows from which the product into the input, through a dense map, runs in
 # float32 with its rounding charged (_box_f32), for a float64 net.
 F32_MIN_ROWS = 16
-
-
-def _gamma(n: int, dtype) -> float:
-    u = np.finfo(dtype).eps / 2
-    return n * u / (1 - n * u)
 
 
 def relaxation(l, u):
@@ -175,29 +170,28 @@ def _backsub(ops, relax, A, lo, hi, const=None, nt=0, buffers=None, cols=False, 
 
 def _box_f32(op, A, live, lo, hi, const, buffers, nt):
     """const plus the least over the box [lo, hi] of the rows A (K, m)
-    through the dense map op (its rows live, or all), the product in
-    float32. Its rounding is charged: A and W rounded to float32, then
-    summed over m, ``|A32 W32 - A W| <= gamma_{m+3} |A| |W|`` (float32's
-    gamma; 1% more for the float64 sums and second-order terms, and
-    float32's underflow as 2^-149 a term), so the bound moves by at most
-    that times ``|A| |W| X``, X = max(|lo|, |hi|); the sum over the box
-    runs in float64. None where a value is not finite (the caller goes on
-    in float64)."""
+    through the dense map op (its rows live, or all), with the product in
+    float32. About the box's centre mid, with a radius rad that holds it,
+    the least is ``A (W mid) - |A W| rad``: the first term in float64, the
+    second from ``C = fl32(A) fl32(W)``, its sum in float64. Rounding A and
+    W to float32 and summing m terms moves C by at most ``gamma_{m+3} |A|
+    |W|`` (float32's gamma), so the second term moves by at most that
+    times ``|A| . (|W| rad)``; the first is charged ``gamma_{n+m+2} |A| .
+    (|W| |mid|)`` (W m x n), 1% more on both for the float64 sums and second-order
+    terms, and float32's underflow as 2^-149 a term (Dense.single). None
+    where a value is not finite (the caller goes on in float64)."""
     K, m = A.shape
-    n = op.W.shape[1]
-    X = np.maximum(np.abs(lo), np.abs(hi))
-    W32, v, tiny = op.single(live, X)
+    W32, wmid, nrad, rad, v, tiny = op.single(live, lo, hi)
     A32 = kept(buffers, ("A32", id(op)), (K * m,), np.float32).reshape(K, m)
-    mag = np.empty(K)
-    kernel("crown_rows_single")(A, v, A32, mag, threads_for(nt, A.size, K))
-    C = kept(buffers, ("C32", id(op)), (K * n,), np.float32).reshape(K, n)
+    charge = np.empty(K)
+    kernel("crown_rows_single")(A, v, A32, charge, threads_for(nt, A.size, K))
+    C = kept(buffers, ("C32", id(op)), (K * W32.shape[1],), np.float32).reshape(K, W32.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):  # rows past float32's range: None
         np.matmul(A32, W32, out=C)
-    out = const.copy()
-    kernel("crown_box_single")(C, lo, hi, out, threads_for(nt, C.size, K))
-    mag *= 1.01 * _gamma(m + 3, np.float32)
-    mag += tiny
-    out -= mag
+    out = const + A @ wmid
+    kernel("crown_box_single")(C, nrad, rad, out, threads_for(nt, C.size, K))  # -|C| . rad
+    charge += tiny
+    out -= charge
     return out if np.isfinite(out).all() else None
 
 

@@ -51,7 +51,7 @@ class Dense:
         self.in_shape, self.out_shape = (W.shape[1],), (W.shape[0],)
         self._absW = self._WT = None
         self._live = self._block = (None, None)
-        self._single = (None, None)
+        self._single = (None,)
 
     def apply(self, X):
         out = product(X, self.W.T)
@@ -103,18 +103,32 @@ class Dense:
             self._block = ((live, live_in), block)
         return block
 
-    def single(self, live, X):
-        """(W32, v, tiny): W's rows live (None: all) rounded to float32,
-        ``|W| X`` of those rows, and ``2^-149 (sum(v) + len(v) sum(X))``
-        (float32's underflow), for a float32 product into a box of
-        magnitude X; kept for the next call with the same live and X."""
-        key_live, key_X, *kept_ = self._single
-        if key_X is None or not (_same(key_live, live) and np.array_equal(key_X, X)):
+    def single(self, live, lo, hi):
+        """What a float32 product of rows through W's rows live (None: all)
+        into the box [lo, hi] needs (see _crown._box_f32): ``(W32, wmid,
+        nrad, rad, v, tiny)``, W32 those rows rounded to float32, wmid
+        their float64 product with the box's centre, ``rad`` a radius
+        about that centre that holds the box (rounded up) and nrad its
+        negative, ``v = 1.01 (gamma_{m+3} |W| rad + gamma_{n+m+2} |W|
+        |mid|)`` (float32's gamma, then float64's; W is m x n), and tiny
+        float32's underflow. Kept for the next call with the same live,
+        lo and hi."""
+        key, *kept_ = self._single
+        if key is None or not (_same(key[0], live) and np.array_equal(key[1], lo)
+                               and np.array_equal(key[2], hi)):
             W = self.W if live is None else self._live_rows(live)
-            v = self.absW() @ X
-            v = v if live is None else v[live]
-            kept_ = [W.astype(np.float32), v, np.ldexp(1.0, -149) * (v.sum() + v.size * X.sum())]
-            self._single = (live, X.copy(), *kept_)
+            eps = np.finfo(np.float64).eps
+            mid = (lo + hi) / 2
+            rad = np.maximum(hi - mid, mid - lo) * (1 + 4 * eps) + np.finfo(np.float64).tiny
+            absW = np.abs(W)
+            m, n = W.shape
+            g32 = _gamma(m + 3, np.float32)
+            g64 = _gamma(n + m + 2, np.float64)  # A (W mid): W mid's n terms, then m
+            wrad = absW @ rad
+            v = 1.01 * (g32 * wrad + g64 * (absW @ np.abs(mid)))
+            tiny = np.ldexp(1.0, -149) * (wrad.sum() + m * rad.sum())
+            kept_ = [W.astype(np.float32), W @ mid, -rad, rad, v, tiny]
+            self._single = ((live, lo.copy(), hi.copy()), *kept_)
         return kept_
 
     def T_cols(self, A, buffers=None, live=None):
@@ -326,6 +340,13 @@ class Buffers:
         return a[:n].reshape(shape)
 
 
+def _gamma(n, dtype) -> float:
+    """n u / (1 - n u), u the unit roundoff of dtype: Higham's bound on
+    the relative error of a sum of n terms."""
+    u = np.finfo(dtype).eps / 2
+    return n * u / (1 - n * u)
+
+
 def _same(a, b):
     """Whether a and b are both None or equal arrays."""
     return a is b or (a is not None and b is not None and np.array_equal(a, b))
@@ -463,7 +484,7 @@ class Net:
                     setattr(op, k, None)
             if hasattr(op, "_live"):
                 op._live = op._block = (None, None)
-                op._single = (None, None)
+                op._single = (None,)
             ops.append(op)
         net = Net(ops, self.input_shape, dtype)
         net.num_threads = self.num_threads
