@@ -344,7 +344,7 @@ cdef void _single_rows(const double* A, const double* v, float* out, double* mag
 
 
 def crown_rows_single(const double[:, ::1] A,    # IN (K, m): coefficient rows
-                      const double[::1] v,       # IN (m,): |W| X of the map they go through
+                      const double[::1] v,       # IN (m,): each column's weight in the charge
                       float[:, ::1] out,         # OUT (K, m): A rounded to float32
                       double[::1] mag,           # OUT (K,): |A| @ v
                       int num_threads):

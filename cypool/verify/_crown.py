@@ -16,8 +16,10 @@ between two ReLUs sums over the live neurons above and writes the
 columns of the live ones below only.
 
 Rounding: every bound is computed in the net's dtype with ordinary
-rounding, so each is widened by a charge (_Charge): ``gamma_n = n u / (1
-- n u)`` per layer (u the unit roundoff, n its longest sum) times a
+rounding (but the product into a float64 net's first dense layer's
+inputs, in float32 and charged on its own: _box_f32), so each is widened
+by a charge (_Charge): ``gamma_n = n u / (1 - n u)`` per layer (u the
+unit roundoff, n its longest sum) times a
 bound on ``sum |terms|`` of the computation, a first-order bound in the
 style of Higham's on a computed product and of ELINA's outward
 rounding. Interval bounds are widened likewise. The ReLU's upper line is
