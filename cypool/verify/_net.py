@@ -50,8 +50,7 @@ class Dense:
         self.W, self.bias = W, b
         self.in_shape, self.out_shape = (W.shape[1],), (W.shape[0],)
         self._absW = self._WT = None
-        self._live = self._block = (None, None)
-        self._single = (None,)
+        self._memos = {}
 
     def apply(self, X):
         out = product(X, self.W.T)
@@ -84,24 +83,23 @@ class Dense:
             W = self._live_block(live, live_in)
         return product(A, W, out)
 
+    def _memo(self, name, key, make):
+        """make(), kept under name for the next call with the same key (a
+        tuple of arrays or None): every row a bounds call pushes through
+        this layer comes with the same live sets and box."""
+        old = self._memos.get(name)
+        if old is None or not all(_same(a, b) for a, b in zip(old[0], key)):
+            old = self._memos[name] = (tuple(None if k is None else k.copy() for k in key), make())
+        return old[1]
+
     def _live_rows(self, live):
-        """W's rows live, kept for the next call with the same live: every
-        row a bounds call pushes through this layer comes with the ReLU
-        above's one live set."""
-        key, rows = self._live
-        if key is None or not np.array_equal(key, live):
-            rows = np.take(self.W, live, axis=0)
-            self._live = (live, rows)
-        return rows
+        """W's rows live."""
+        return self._memo("rows", (live,), lambda: np.take(self.W, live, axis=0))
 
     def _live_block(self, live, live_in):
-        """W's block of rows live (None: all) and columns live_in, kept
-        like _live_rows's."""
-        keys, block = self._block
-        if keys is None or not (_same(keys[0], live) and np.array_equal(keys[1], live_in)):
-            block = np.take(self.W if live is None else np.take(self.W, live, axis=0), live_in, axis=1)
-            self._block = ((live, live_in), block)
-        return block
+        """W's block of rows live (None: all) and columns live_in."""
+        return self._memo("block", (live, live_in), lambda: np.take(
+            self.W if live is None else self._live_rows(live), live_in, axis=1))
 
     def single(self, live, lo, hi):
         """What a float32 product of rows through W's rows live (None: all)
@@ -111,25 +109,22 @@ class Dense:
         about that centre that holds the box (rounded up) and nrad its
         negative, ``v = 1.01 (gamma_{m+3} |W| rad + gamma_{n+m+2} |W|
         |mid|)`` (float32's gamma, then float64's; W is m x n), and tiny
-        float32's underflow. Kept for the next call with the same live,
-        lo and hi."""
-        key, *kept_ = self._single
-        if key is None or not (_same(key[0], live) and np.array_equal(key[1], lo)
-                               and np.array_equal(key[2], hi)):
-            W = self.W if live is None else self._live_rows(live)
-            eps = np.finfo(np.float64).eps
-            mid = (lo + hi) / 2
-            rad = np.maximum(hi - mid, mid - lo) * (1 + 4 * eps) + np.finfo(np.float64).tiny
-            absW = np.abs(W)
-            m, n = W.shape
-            g32 = _gamma(m + 3, np.float32)
-            g64 = _gamma(n + m + 2, np.float64)  # A (W mid): W mid's n terms, then m
-            wrad = absW @ rad
-            v = 1.01 * (g32 * wrad + g64 * (absW @ np.abs(mid)))
-            tiny = np.ldexp(1.0, -149) * (wrad.sum() + m * rad.sum())
-            kept_ = [W.astype(np.float32), W @ mid, -rad, rad, v, tiny]
-            self._single = ((live, lo.copy(), hi.copy()), *kept_)
-        return kept_
+        float32's underflow."""
+        return self._memo("single", (live, lo, hi), lambda: self._single(live, lo, hi))
+
+    def _single(self, live, lo, hi):
+        W = self.W if live is None else self._live_rows(live)
+        eps = np.finfo(np.float64).eps
+        mid = (lo + hi) / 2
+        rad = np.maximum(hi - mid, mid - lo) * (1 + 4 * eps) + np.finfo(np.float64).tiny
+        absW = np.abs(W)
+        m, n = W.shape
+        g32 = _gamma(m + 3, np.float32)
+        g64 = _gamma(n + m + 2, np.float64)  # A (W mid): W mid's n terms, then m
+        wrad = absW @ rad
+        v = 1.01 * (g32 * wrad + g64 * (absW @ np.abs(mid)))
+        tiny = np.ldexp(1.0, -149) * (wrad.sum() + m * rad.sum())
+        return W.astype(np.float32), W @ mid, -rad, rad, v, tiny
 
     def T_cols(self, A, buffers=None, live=None):
         """T with the rows as A's last axis: W.T @ A; live as in T, but A
@@ -482,9 +477,8 @@ class Net:
             for k in ("_absW", "_WT", "_absw"):
                 if hasattr(op, k):
                     setattr(op, k, None)
-            if hasattr(op, "_live"):
-                op._live = op._block = (None, None)
-                op._single = (None,)
+            if hasattr(op, "_memos"):
+                op._memos = {}
             ops.append(op)
         net = Net(ops, self.input_shape, dtype)
         net.num_threads = self.num_threads
