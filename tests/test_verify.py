@@ -975,11 +975,12 @@ def test_attack_stops_when_steps_gain_too_little(tmp_path, rng, monkeypatch):
 
 
 def test_attacks_stop_where_their_pace_cannot_reach_zero(tmp_path, rng, monkeypatch):
-    """reach: the attack stops once the least violation, falling at each
-    step left by its last fall ("last"; a rise stops it at once) or by its
-    mean fall since the first trace ("mean"), would stay above 0; check's
-    attack before the bounds runs with "last", from the box's centre, and
-    the one after with "mean"."""
+    """reach: the attack stops once the least violation would stay above 0
+    after the steps left, falling at each as much per unit of step size as
+    at the last step ("last"; a rise stops it at once; after the first
+    step, as much as at it), or by its mean fall since the first trace
+    ("mean"); check's attack before the bounds runs with "last", from the
+    box's centre, and the one after with "mean"."""
     from cypool.verify import _check
 
     net = verify.load_onnx(random_dense_net(tmp_path, rng, (4, 6, 3)))
@@ -1000,10 +1001,20 @@ def test_attacks_stop_where_their_pace_cannot_reach_zero(tmp_path, rng, monkeypa
         X = _check._starts(spec, 2, 0)
         return _check._attack(net, spec, rows, X, 5, None, 9, 0.0, reach=reach)
 
-    paced = [1.0, 0.75, 0.5, 0.375, 0.25, 0.125]  # 0.75 and 0.5 can reach 0 in 4 and 3 steps
+    sizes = np.array([_check._step(k, 5) for k in range(5)])
+    assert sizes[0] == 0.25 and np.isclose(sizes[-1], 0.02) and (np.diff(sizes) < 0).all()
+    # falls in proportion to the steps' sizes, 1.001 in all: "last" sees 0 in reach throughout
+    steady = list(1 - 1.001 * np.cumsum(np.r_[0, sizes[:-1]]) / sizes.sum()) + [0.01]
+    # the same, but the third step falls half as far: its pace leaves 0 out of reach
+    slower = steady[:3] + [steady[2] - 0.5 * (steady[2] - steady[3])] + [0.02, 0.01]
+    # "last": 0.25 in 4 steps left reaches 0.75; then 0.25 by a step of 0.133 reaches 0.24 more
+    paced = [1.0, 0.75, 0.5, 0.375, 0.25, 0.125]
+    first = [1.0, 0.9, 0.5, 0.375, 0.25, 0.125]  # 0.1 in 4 steps left: 0.4
     # mean falls 0.25, 0.25, 0.208, 0.1875: 0.25 stays above 0 at 0.1875 for 1 step
-    for reach, want in (("last", paced[:4]), ("mean", paced[:5]), (None, paced)):
-        scripted(paced)
+    for values, reach, want in ((steady, "last", steady), (slower, "last", slower[:4]),
+                                (paced, "last", paced[:3]), (first, "last", first[:2]),
+                                (paced, "mean", paced[:5]), (paced, None, paced)):
+        scripted(values)
         assert run(reach) is None and seen == want
     rise = [1.0, 1.125, 0.5, 0.375, 0.25, 0.125]
     for reach, want in (("last", rise[:2]), ("mean", rise[:2])):  # mean: no fall yet
@@ -1013,10 +1024,9 @@ def test_attacks_stop_where_their_pace_cannot_reach_zero(tmp_path, rng, monkeypa
     for reach, want in (("last", late[:3]), ("mean", late)):
         scripted(late)
         assert run(reach) is None and seen == want
-    steady = [1.25, 1.0, 0.75, 0.5, 0.25, 0.125]  # each pace just reaches 0 by the last step
-    for reach in ("last", "mean"):
-        scripted(steady)
-        assert run(reach) is None and seen == steady
+    even = [1.25, 1.0, 0.75, 0.5, 0.25, 0.125]  # the mean pace just reaches 0 by the last step
+    scripted(even)
+    assert run("mean") is None and seen == even
 
     monkeypatch.undo()
     calls = []  # attacks that find nothing: check runs both, the first from the centre alone
