@@ -176,7 +176,7 @@ def _attack(net, spec, spec_rows, X, steps, deadline, patience, min_gain, keep=N
             first = best
         elif reach == "mean":
             left = (first - best) / k * (steps - k)
-        elif k == 1:  # from the centre, where the most ReLUs turn: its fall says least
+        elif k == 1:  # the first step (check: from the centre) turns the most ReLUs
             left = fell * (steps - k)
         else:
             left = fell / _step(k - 1, steps) * sum(_step(j, steps) for j in range(k, steps))
