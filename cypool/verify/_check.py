@@ -174,14 +174,15 @@ def _attack(net, spec, spec_rows, X, steps, deadline, patience, min_gain, keep=N
         best = min(best, v.min())
         if k == 0:
             first = best
-        elif reach == "mean":
-            left = (first - best) / k * (steps - k)
-        elif k == 1:  # the first step (check: from the centre) turns the most ReLUs
-            left = fell * (steps - k)
-        else:
-            left = fell / _step(k - 1, steps) * sum(_step(j, steps) for j in range(k, steps))
-        if reach and k and best - left > 0:
-            return None
+        elif reach:  # how far the least violation can still fall
+            if reach == "mean":
+                left = (first - best) / k * (steps - k)
+            elif k == 1:  # the first step (check: from the centre) turns the most ReLUs
+                left = fell * (steps - k)
+            else:
+                left = fell / _step(k - 1, steps) * sum(_step(j, steps) for j in range(k, steps))
+            if best - left > 0:
+                return None
         if k == steps or stale >= patience or (deadline is not None and time.perf_counter() > deadline):
             return None
         if k == 0 and keep is not None and keep < len(X):
